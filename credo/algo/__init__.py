@@ -1,0 +1,112 @@
+"""credo's algorithm layer: advantage estimators, per-token policy losses, aggregation, KL, entropy.
+
+Public API::
+
+    out = compute_policy_loss(name, *, logprobs, old_logprobs, advantages, response_mask,
+                              entropy=None, ref_logprobs=None, agg="token-mean", norm=None, **hparams)
+    out.loss, out.metrics
+    adv = compute_advantages(name, *, rewards, group_ids, response_mask, values=None, **hparams)
+    adv.advantages, adv.returns
+
+Everything is looked up in a registry; adding a method is one registered function
+(see :mod:`credo.algo.registry`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from credo.algo import advantages as _advantages  # noqa: F401  (registers estimators)
+from credo.algo import losses as _losses  # noqa: F401  (registers losses)
+from credo.algo.aggregation import AGG_MODES, AggNorm, agg_loss, canonical_agg, masked_mean
+from credo.algo.kl import KL_ESTIMATORS, canonical_kl, kl_penalty
+from credo.algo.logprobs import entropy_from_logits, logprobs_from_logits
+from credo.algo.registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    TokenLoss,
+    check_hparams,
+    lookup,
+    register_advantage,
+    register_policy_loss,
+)
+from credo.types import AdvantageOutput, LossOutput
+
+__all__ = [
+    "AGG_MODES", "KL_ESTIMATORS", "AggNorm", "TokenLoss", "agg_loss", "canonical_agg", "canonical_kl",
+    "check_advantage_hparams", "check_policy_loss_hparams", "compute_advantages", "compute_policy_loss",
+    "entropy_from_logits", "kl_penalty", "list_advantage_estimators", "list_policy_losses",
+    "logprobs_from_logits", "masked_mean", "register_advantage", "register_policy_loss",
+]
+
+
+def list_policy_losses() -> list[str]:
+    return sorted(POLICY_LOSSES)
+
+
+def list_advantage_estimators() -> list[str]:
+    return sorted(ADVANTAGE_ESTIMATORS)
+
+
+def check_policy_loss_hparams(name: str, hparams: dict[str, Any]) -> None:
+    check_hparams(POLICY_LOSSES, "policy loss", name, hparams)
+
+
+def check_advantage_hparams(name: str, hparams: dict[str, Any]) -> None:
+    check_hparams(ADVANTAGE_ESTIMATORS, "advantage estimator", name, hparams)
+
+
+def compute_policy_loss(
+    name: str,
+    *,
+    logprobs: torch.Tensor,  # (B, T)
+    old_logprobs: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B, T)
+    response_mask: torch.Tensor,  # (B, T) bool or 0/1 int/float
+    entropy: torch.Tensor | None = None,  # (B, T)
+    ref_logprobs: torch.Tensor | None = None,  # (B, T)
+    agg: str = "token-mean",
+    norm: AggNorm | None = None,
+    loss_scale_factor: float | None = None,
+    **hparams: Any,
+) -> LossOutput:
+    """Per-token loss of the registered method ``name``, aggregated with ``agg``.
+
+    ``norm`` carries the mini-batch normalisers so micro-batch losses sum to the mini-batch loss.
+    A method with a prescribed aggregation (e.g. GSPO) overrides ``agg``. Metrics are masked means
+    over this call's loss tokens.
+    """
+    entry = lookup(POLICY_LOSSES, "policy loss", name)
+    check_hparams(POLICY_LOSSES, "policy loss", name, hparams)
+    given = {"entropy": entropy, "ref_logprobs": ref_logprobs}
+    missing = [n for n in entry.needs if given.get(n) is None]
+    if missing:
+        raise ValueError(f"policy loss {name!r} needs {', '.join(missing)}")
+    mask = response_mask.to(logprobs.dtype)  # (B, T); int, bool and float masks behave the same
+    out = entry.fn(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, response_mask=mask,
+        entropy=entropy, ref_logprobs=ref_logprobs, **hparams,
+    )
+    loss = agg_loss(out.loss, mask, entry.forced_agg or agg, norm=norm, loss_scale_factor=loss_scale_factor)
+    metrics = {k: float(masked_mean(v.detach().to(mask.dtype), mask)) for k, v in out.token_metrics.items()}
+    metrics.update(out.metrics)
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def compute_advantages(
+    name: str,
+    *,
+    rewards: torch.Tensor,  # (B,)
+    group_ids: torch.Tensor,  # (B,)
+    response_mask: torch.Tensor,  # (B, T)
+    values: torch.Tensor | None = None,  # (B, T)
+    **hparams: Any,
+) -> AdvantageOutput:
+    """Advantages (and returns where defined) of the registered estimator ``name``."""
+    entry = lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+    check_hparams(ADVANTAGE_ESTIMATORS, "advantage estimator", name, hparams)
+    if "values" in entry.needs and values is None:
+        raise ValueError(f"advantage estimator {name!r} needs values (a critic)")
+    mask = response_mask.float()
+    return entry.fn(rewards=rewards, group_ids=group_ids, response_mask=mask, values=values, **hparams)

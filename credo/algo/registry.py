@@ -1,0 +1,117 @@
+"""Name -> function registries for policy losses and advantage estimators.
+
+One signature per kind; the math takes tensors and keyword hyperparameters, never a config object.
+
+Policy loss (per token, before aggregation)::
+
+    @register_policy_loss("name")
+    def my_loss(*, logprobs, old_logprobs, advantages, response_mask, entropy=None, ref_logprobs=None,
+                my_hparam: float = 0.1) -> TokenLoss
+
+Advantage estimator::
+
+    @register_advantage("name")
+    def my_adv(*, rewards, group_ids, response_mask, values=None, my_hparam: float = 1.0) -> AdvantageOutput
+
+Every keyword after the fixed tensor arguments is a hyperparameter; its default is the released
+recipe value, and :func:`check_hparams` validates config-supplied names and types against it.
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+LOSS_TENSOR_ARGS = ("logprobs", "old_logprobs", "advantages", "response_mask", "entropy", "ref_logprobs")
+ADV_TENSOR_ARGS = ("rewards", "group_ids", "response_mask", "values")
+
+
+@dataclass
+class TokenLoss:
+    """Output of a registered policy loss, before aggregation."""
+
+    loss: torch.Tensor  # (B, T) per-token loss L_it
+    token_metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # (B, T) values, masked-mean'ed
+    metrics: dict[str, float] = field(default_factory=dict)  # already-reduced scalars
+
+
+@dataclass(frozen=True)
+class Registered:
+    name: str
+    fn: Callable[..., Any]
+    hparams: dict[str, Any]  # hyperparameter name -> default
+    forced_agg: str | None = None  # aggregation the method prescribes regardless of config
+    needs: tuple[str, ...] = ()  # optional tensors the method requires ("entropy", "ref_logprobs", "values")
+    doc: str = ""
+
+
+POLICY_LOSSES: dict[str, Registered] = {}
+ADVANTAGE_ESTIMATORS: dict[str, Registered] = {}
+
+
+def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[str, Any]:
+    out = {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.name in tensor_args:
+            continue
+        if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
+            raise TypeError(f"{fn.__name__}: hyperparameter {p.name!r} must be keyword-only with a default")
+        out[p.name] = p.default
+    return out
+
+
+def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, ...]):
+    def register(name: str, *, forced_agg: str | None = None, needs: tuple[str, ...] = ()):
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if name in table and table[name].fn is not fn:
+                raise ValueError(f"{kind} {name!r} is already registered to {table[name].fn.__qualname__}")
+            doc = (inspect.getdoc(fn) or "").split("\n")[0]
+            table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg, tuple(needs), doc)
+            return fn
+
+        return deco
+
+    return register
+
+
+register_policy_loss = _register(POLICY_LOSSES, "policy loss", LOSS_TENSOR_ARGS)
+register_advantage = _register(ADVANTAGE_ESTIMATORS, "advantage estimator", ADV_TENSOR_ARGS)
+
+
+def lookup(table: dict[str, Registered], kind: str, name: str) -> Registered:
+    if name in table:
+        return table[name]
+    close = difflib.get_close_matches(name, list(table), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise KeyError(f"unknown {kind} {name!r}{hint}; registered: {', '.join(sorted(table))}")
+
+
+def check_hparams(table: dict[str, Registered], kind: str, name: str, hparams: dict[str, Any]) -> None:
+    """Raise TypeError naming the first unknown or wrongly typed hyperparameter."""
+    entry = lookup(table, kind, name)
+    for key, value in hparams.items():
+        if key not in entry.hparams:
+            close = difflib.get_close_matches(key, list(entry.hparams), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            known = ", ".join(entry.hparams) or "none"
+            raise TypeError(f"{kind} {name!r} has no hyperparameter {key!r}{hint}; it takes: {known}")
+        default = entry.hparams[key]
+        if not _type_ok(value, default):
+            raise TypeError(
+                f"{kind} {name!r}: hyperparameter {key!r} expects {type(default).__name__}, got {value!r}"
+            )
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, type(default))

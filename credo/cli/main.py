@@ -1,0 +1,159 @@
+"""The ``credo`` command line: train | sft | eval | report | list.
+
+Every command that takes a configuration accepts ``--config PRESET`` (a YAML file or a preset
+name from ``configs/``) and any number of ``key=value`` overrides (``train.lr=1e-3``). A bad
+configuration is reported in one line naming the key, with exit code 2, before any model is built.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from credo.config import ConfigError, load_config
+
+EXIT_CONFIG = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s",
+                        stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"credo: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
+        print(f"credo: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("credo: interrupted (the last complete checkpoint is intact; resume with --resume RUN_DIR)",
+              file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="credo", description="RL post-training of language models with "
+                                     "verifiable rewards.")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="RL training (default: GRPO on string reversal, CPU, minutes)")
+    _config_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p.add_argument("--run-dir", metavar="DIR", help="write the run here instead of output_dir/run_name")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm_start.* settings)")
+    _config_args(p)
+    p.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-sft-<time>)")
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("eval", help="held-out greedy accuracy and avg@k of a model or run")
+    p.add_argument("target", help="a run directory (uses its config and final model) or a Hugging Face model dir")
+    _config_args(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", help="write RUN_DIR/report.html and plots")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("list", help="registered losses, estimators, rewards, tasks, presets")
+    p.add_argument("what", nargs="?", default="all",
+                   choices=("all", "losses", "estimators", "rewards", "tasks", "presets", "aggregations", "kl"))
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="PRESET", help="YAML file or preset name in configs/")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.steps=20")
+
+
+# ---------------------------------------------------------------------------- commands
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from credo.recipes.rlvr import train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise FileNotFoundError(f"{run_dir} is not a credo run directory (no config.yaml)")
+        cfg = load_config(str(run_dir / "config.yaml"), args.overrides)
+        train(cfg, run_dir=run_dir, resume=True)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        run_dir = train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
+    _print_summary(run_dir)
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from credo.recipes.sft import sft
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = sft(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
+    _print_summary(run_dir)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from credo.recipes.sft import evaluate_target
+
+    metrics = evaluate_target(Path(args.target), args.config, args.overrides)
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from credo.report import write_report
+
+    path = write_report(Path(args.run_dir))
+    print(path)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from credo import algo
+    from credo.config.loader import REPO_CONFIGS
+    from credo.data import list_tasks, task_param_names
+    from credo.rewards import list_rewards
+
+    sections = {
+        "losses": lambda: [f"{n:<12} {_hp(algo.POLICY_LOSSES[n].hparams)}" for n in algo.list_policy_losses()],
+        "estimators": lambda: [f"{n:<12} {_hp(algo.ADVANTAGE_ESTIMATORS[n].hparams)}"
+                               for n in algo.list_advantage_estimators()],
+        "rewards": list_rewards,
+        "tasks": lambda: ["file         JSONL/Parquet dataset (task.train_file)"] +
+                         [f"{n:<12} {_hp(task_param_names(n))}" for n in list_tasks()],
+        "presets": lambda: sorted(p.stem for p in REPO_CONFIGS.glob("*.yaml")) if REPO_CONFIGS.is_dir() else [],
+        "aggregations": lambda: list(algo.AGG_MODES) + ["constant-norm (alias of seq-mean-token-sum-norm)"],
+        "kl": lambda: [f"{k} (and {k}+)" for k in algo.KL_ESTIMATORS],
+    }
+    for name, fn in sections.items():
+        if args.what in ("all", name):
+            print(f"{name}:")
+            for line in fn():
+                print(f"  {line}")
+    return 0
+
+
+def _hp(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _print_summary(run_dir: Path) -> None:
+    summary = run_dir / "summary.json"
+    print(f"run directory: {run_dir}")
+    if summary.is_file():
+        print(summary.read_text().strip())
+    if (run_dir / "report.html").is_file():
+        print(f"report: {run_dir / 'report.html'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

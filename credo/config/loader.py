@@ -1,0 +1,295 @@
+"""Load a :class:`RunConfig` from YAML presets plus ``key=value`` overrides, and validate it.
+
+Every problem is reported as a one-line :class:`ConfigError` naming the key, with a suggestion
+for typos, before any model is built. Validation has two layers: structure and types here, and
+names that live in registries (tasks, rewards, losses, estimators, their hyperparameters) in
+:func:`validate_registries`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from credo.config.schema import RunConfig
+
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message is one line and names the key."""
+
+
+# ----------------------------------------------------------------------------- public API
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Defaults <- YAML preset (``path`` or a preset name in ``configs/``) <- ``key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path:
+        data = read_yaml(resolve_preset(path))
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(data, key, value)
+    cfg = build(RunConfig, data, prefix="")
+    validate_semantics(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    cfg = build(RunConfig, data, prefix="")
+    validate_semantics(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: RunConfig, path: Path) -> None:
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def resolve_preset(name: str) -> Path:
+    p = Path(name)
+    if p.is_file():
+        return p
+    for cand in (Path("configs") / name, Path("configs") / f"{name}.yaml", REPO_CONFIGS / name,
+                 REPO_CONFIGS / f"{name}.yaml"):
+        if cand.is_file():
+            return cand
+    known = sorted(q.stem for q in REPO_CONFIGS.glob("*.yaml")) if REPO_CONFIGS.is_dir() else []
+    close = difflib.get_close_matches(p.stem, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"config file {name!r} not found{hint}; presets: {', '.join(known) or 'none'}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. train.lr=1e-3)")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    return key, parse_value(text)
+
+
+def parse_value(text: str) -> Any:
+    """YAML scalar/list parsing, plus numbers YAML 1.1 leaves as strings (``1e-3``)."""
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        for conv in (int, float):
+            try:
+                return conv(value)
+            except ValueError:
+                pass
+    return value
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+# ----------------------------------------------------------------------------- structure and types
+
+def build(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a section (mapping), got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            raise ConfigError(_unknown_key(prefix, key, list(fields)))
+    kwargs = {}
+    for name, value in data.items():
+        f, hint, full = fields[name], hints[name], prefix + name
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = build(hint, value if value is not None else {}, full + ".")
+        else:
+            kwargs[name] = _check_value(full, _coerce(full, value, hint), f.metadata)
+    return cls(**kwargs)
+
+
+def _unknown_key(prefix: str, key: str, siblings: list[str]) -> str:
+    full = prefix + key
+    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key {full!r} (did you mean {prefix + close[0]!r}?)"
+    elsewhere = [p for p in _all_paths(RunConfig) if p.rsplit(".", 1)[-1] == key]
+    if elsewhere:
+        return f"unknown key {full!r} (did you mean {elsewhere[0]!r}?)"
+    scope = f"section {prefix.rstrip('.')!r}" if prefix else "the top level"
+    return f"unknown key {full!r}; {scope} has: {', '.join(siblings)}"
+
+
+def _all_paths(cls: type, prefix: str = "") -> list[str]:
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _all_paths(hints[f.name], prefix + f.name + ".")
+        else:
+            out.append(prefix + f.name)
+    return out
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` converted to ``hint`` where lossless, else raise ConfigError."""
+    options = _union_args(hint)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ConfigError(f"{key}: may not be null (expected {_type_name(hint)})")
+    for opt_type in options:
+        if opt_type is type(None):
+            continue
+        ok, converted = _try(value, opt_type)
+        if ok:
+            return converted
+    raise ConfigError(f"{key}: expected {_type_name(hint)}, got {value!r}")
+
+
+def _union_args(hint: Any) -> tuple:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _try(value: Any, typ: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(typ) or typ
+    if origin is bool:
+        return isinstance(value, bool), value
+    if origin is int:
+        return (isinstance(value, int) and not isinstance(value, bool)), value
+    if origin is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if origin is str:
+        return isinstance(value, str), value
+    if origin is dict:
+        return isinstance(value, dict), value
+    if origin is list:
+        if isinstance(value, (list, tuple)):
+            return True, list(value)
+        return False, value
+    return isinstance(value, origin), value
+
+
+def _type_name(hint: Any) -> str:
+    names = []
+    for t in _union_args(hint):
+        names.append("null" if t is type(None) else getattr(typing.get_origin(t) or t, "__name__", str(t)))
+    return " or ".join(names)
+
+
+def _check_value(key: str, value: Any, meta: Any) -> Any:
+    if value is None:
+        return value
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}{hint}")
+    lo, hi = meta.get("min"), meta.get("max")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if lo is not None and value < lo:
+            raise ConfigError(f"{key}: must be >= {lo}, got {value!r}")
+        if hi is not None and value > hi:
+            raise ConfigError(f"{key}: must be <= {hi}, got {value!r}")
+    return value
+
+
+# ----------------------------------------------------------------------------- cross-field checks
+
+def validate_semantics(cfg: RunConfig) -> None:
+    """Checks that involve several keys or the registries (still before any model is built)."""
+    t, m = cfg.train, cfg.model
+    batch = t.prompts_per_step * cfg.rollout.group_size
+    if t.mini_batch_size is not None and batch % t.mini_batch_size:
+        raise ConfigError(f"train.mini_batch_size: {t.mini_batch_size} must divide the rollout batch "
+                          f"prompts_per_step * group_size = {batch}")
+    mini = t.mini_batch_size or batch
+    if t.micro_batch_size is not None and mini % t.micro_batch_size:
+        raise ConfigError(f"train.micro_batch_size: {t.micro_batch_size} must divide the mini-batch size {mini}")
+    if m.path is None and m.num_heads and m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.hidden_size: {m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
+    if m.path is None and m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide model.num_heads={m.num_heads}")
+    if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in t.betas):
+        raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {t.betas!r}")
+    if cfg.task.name == "file" and not cfg.task.train_file:
+        raise ConfigError("task.train_file: required when task.name=file")
+    if cfg.task.name != "file" and (cfg.task.train_file or cfg.task.eval_file):
+        raise ConfigError(f"task.train_file: only used with task.name=file (task.name is {cfg.task.name!r})")
+    validate_registries(cfg)
+
+
+def validate_registries(cfg: RunConfig) -> None:
+    from credo import algo
+    from credo.data import get_task, list_tasks, task_param_names
+    from credo.rewards import get_reward_fn
+
+    a = cfg.algo
+    for key, fn in (("algo.policy_loss", lambda: algo.check_policy_loss_hparams(a.policy_loss, {})),
+                    ("algo.advantage", lambda: algo.check_advantage_hparams(a.advantage, {})),
+                    ("algo.policy_loss_args", lambda: algo.check_policy_loss_hparams(a.policy_loss, a.policy_loss_args)),
+                    ("algo.advantage_args", lambda: algo.check_advantage_hparams(a.advantage, a.advantage_args)),
+                    ("algo.kl_estimator", lambda: algo.canonical_kl(a.kl_estimator))):
+        _wrap(key, fn)
+    if cfg.task.name != "file":
+        if cfg.task.name not in list_tasks():
+            close = difflib.get_close_matches(cfg.task.name, list_tasks(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"task.name: unknown task {cfg.task.name!r}{hint}; tasks: {', '.join(list_tasks())}, file")
+        known = task_param_names(cfg.task.name)
+        for key in cfg.task.params:
+            if key not in known:
+                close = difflib.get_close_matches(key, list(known), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"task.params.{key}: task {cfg.task.name!r} has no parameter {key!r}{hint}; "
+                                  f"it takes: {', '.join(known)}")
+        _wrap("task.params", lambda: get_task(cfg.task.name, **cfg.task.params))
+    if cfg.reward.name is not None:
+        _wrap("reward.name", lambda: get_reward_fn(cfg.reward.name))
+
+
+def _wrap(key: str, fn: Any) -> None:
+    try:
+        fn()
+    except (KeyError, TypeError, ValueError, ImportError, AttributeError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ConfigError(f"{key}: {msg}") from None

@@ -1,0 +1,151 @@
+"""Typed configuration: the one source of defaults.
+
+``credo train`` with no arguments runs exactly these defaults: GRPO on the built-in string
+reversal task with a freshly built 0.5M-parameter Qwen2, after a short SFT warm start.
+Field metadata: ``choices`` (allowed values), ``min`` / ``max`` (inclusive bounds), ``help``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, help: str = "", *, choices: tuple | None = None, min: float | None = None,
+        max: float | None = None, factory: Any = None):
+    meta = {"help": help, "choices": choices, "min": min, "max": max}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = opt(None, "local Hugging Face model directory (from_pretrained); null = build a tiny model")
+    arch: str = opt("qwen2", "architecture of a freshly built model", choices=("qwen2", "llama"))
+    hidden_size: int = opt(128, "hidden size of a freshly built model", min=8)
+    intermediate_size: int = opt(512, "MLP size of a freshly built model", min=8)
+    num_layers: int = opt(2, "layers of a freshly built model", min=1)
+    num_heads: int = opt(4, "attention heads of a freshly built model", min=1)
+    num_kv_heads: int = opt(2, "key/value heads of a freshly built model", min=1)
+    max_position_embeddings: int = opt(128, "context length of a freshly built model", min=8)
+    dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
+    attn_implementation: str = opt("sdpa", "attention kernel", choices=("sdpa", "eager"))
+    device: str = opt("cpu", "torch device (cpu, cuda, cuda:0, ...)")
+
+
+@dataclass
+class TaskConfig:
+    name: str = opt("reversal", "built-in task (credo list tasks) or 'file' for a JSONL/Parquet dataset")
+    params: dict = opt(None, "task parameters, e.g. {min_len: 3, max_len: 6}", factory=dict)
+    train_size: int = opt(4000, "generated training examples", min=1)
+    eval_size: int = opt(200, "generated held-out examples", min=1)
+    seed: int | None = opt(None, "data seed (null = run seed)")
+    train_file: str | None = opt(None, "JSONL/Parquet training file (task.name=file)")
+    eval_file: str | None = opt(None, "JSONL/Parquet eval file; null = hold out eval_fraction of train_file")
+    eval_fraction: float = opt(0.1, "held-out fraction when no eval_file is given", min=0.0, max=0.9)
+    prompt_field: str = opt("prompt", "prompt field of file rows")
+    answer_field: str = opt("answer", "answer field of file rows")
+    on_bad_row: str = opt("skip", "malformed file rows: skip (and count) or error", choices=("skip", "error"))
+    max_bad_rows: int | None = opt(None, "fail when more rows than this are malformed")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = opt(8, "samples per prompt (G)", min=1)
+    temperature: float = opt(1.0, "sampling temperature", min=0.0)
+    top_p: float = opt(1.0, "nucleus sampling mass", min=0.0, max=1.0)
+    top_k: int = opt(0, "top-k sampling (0 = off)", min=0)
+    max_new_tokens: int = opt(12, "response length cap", min=1)
+    max_batch_size: int = opt(256, "sequences per generation batch", min=1)
+
+
+@dataclass
+class RewardConfig:
+    name: str | None = opt(None, "verifier (credo list rewards) or module:function; null = the task's default")
+    kwargs: dict = opt(None, "keyword arguments for the verifier", factory=dict)
+    timeout_s: float = opt(5.0, "per-response verifier time limit (process executor)", min=0.01)
+    failure_score: float = opt(0.0, "score of a response whose verifier raised or timed out")
+    workers: int = opt(2, "verifier worker processes", min=1)
+    executor: str = opt("process", "process (isolated, hard timeouts) or inline (in-process)",
+                        choices=("process", "inline"))
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = opt("grpo", "advantage estimator (credo list estimators)")
+    advantage_args: dict = opt(None, "estimator hyperparameters", factory=dict)
+    policy_loss: str = opt("ppo", "per-token policy loss (credo list losses)")
+    policy_loss_args: dict = opt(None, "loss hyperparameters, e.g. {clip_high: 0.28}", factory=dict)
+    agg: str = opt("token-mean", "loss aggregation", choices=(
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "constant-norm"))
+    loss_scale_factor: float | None = opt(None, "divisor for seq-mean-token-sum-norm (null = max_new_tokens)")
+    kl_coef: float = opt(0.0, "KL coefficient against the frozen reference (0 = no reference model)", min=0.0)
+    kl_estimator: str = opt("k3", "KL estimator: k1, abs, k2, k3 (+ suffix = straight-through)")
+    kl_in_reward: bool = opt(False, "subtract kl_coef * sum_t KL from the sequence reward instead of adding it to the loss")
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient (loss -= coef * agg(entropy))")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(60, "RL steps (one rollout batch each)", min=0)
+    prompts_per_step: int = opt(16, "prompts per step; sequences = prompts_per_step * group_size", min=1)
+    ppo_epochs: int = opt(1, "passes over each rollout batch", min=1)
+    mini_batch_size: int | None = opt(None, "sequences per optimizer step (null = whole batch)", min=1)
+    micro_batch_size: int | None = opt(None, "sequences per forward/backward (gradient accumulation)", min=1)
+    lr: float = opt(2e-3, "AdamW learning rate", min=0.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", min=0.0)
+    betas: list = opt(None, "AdamW betas", factory=lambda: [0.9, 0.99])
+    grad_clip: float = opt(1.0, "max gradient norm (0 = off); a non-finite norm skips the step", min=0.0)
+    warmup_steps: int = opt(5, "linear learning-rate warm-up (optimizer steps)", min=0)
+    lr_schedule: str = opt("constant", "after warm-up", choices=("constant", "cosine", "linear"))
+    min_lr_ratio: float = opt(0.1, "final lr / lr for cosine and linear", min=0.0, max=1.0)
+    threads: int | None = opt(None, "torch CPU threads (null = torch default)", min=1)
+
+
+@dataclass
+class WarmStartConfig:
+    enabled: bool | None = opt(None, "SFT before RL: true, false, or null = only for a freshly built model")
+    steps: int = opt(50, "SFT optimizer steps", min=0)
+    batch_size: int = opt(32, "demonstrations per SFT step", min=1)
+    lr: float = opt(3e-3, "SFT learning rate", min=0.0)
+    warmup_steps: int = opt(5, "SFT lr warm-up steps", min=0)
+
+
+@dataclass
+class EvalConfig:
+    every: int = opt(20, "evaluate every N RL steps (0 = only before and after RL)", min=0)
+    size: int | None = opt(None, "held-out examples to evaluate (null = all)", min=1)
+    k: int = opt(4, "samples per prompt for avg@k / pass@k", min=1)
+    temperature: float = opt(1.0, "sampling temperature for avg@k", min=0.0)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = opt(20, "checkpoint every N steps (0 = only at the end)", min=0)
+    keep: int = opt(2, "checkpoints to keep (older ones are deleted)", min=1)
+    save_final: bool = opt(True, "save the final policy as a Hugging Face directory in RUN_DIR/final")
+
+
+@dataclass
+class LogConfig:
+    tensorboard: bool = opt(True, "write TensorBoard events to RUN_DIR/tb")
+    progress: bool = opt(True, "live progress bar (plain lines when not a terminal)")
+    print_every: int = opt(10, "plain-text progress line every N steps when not a terminal", min=1)
+    report: bool = opt(True, "write report.html and plots at the end")
+
+
+@dataclass
+class RunConfig:
+    seed: int = opt(0, "global seed")
+    output_dir: str = opt("runs", "parent directory of run directories")
+    run_name: str | None = opt(None, "run directory name (null = <task>-<loss>-<timestamp>)")
+    model: ModelConfig = opt(None, factory=ModelConfig)
+    task: TaskConfig = opt(None, factory=TaskConfig)
+    rollout: RolloutConfig = opt(None, factory=RolloutConfig)
+    reward: RewardConfig = opt(None, factory=RewardConfig)
+    algo: AlgoConfig = opt(None, factory=AlgoConfig)
+    train: TrainConfig = opt(None, factory=TrainConfig)
+    warm_start: WarmStartConfig = opt(None, factory=WarmStartConfig)
+    eval: EvalConfig = opt(None, factory=EvalConfig)
+    checkpoint: CheckpointConfig = opt(None, factory=CheckpointConfig)
+    log: LogConfig = opt(None, factory=LogConfig)

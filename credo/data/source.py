@@ -1,0 +1,49 @@
+"""The examples a run trains and evaluates on, from a built-in task or a user file (``TaskConfig``)."""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+from credo.data.files import BadRow, BadRowsWarning, load_dataset_file, split_examples
+from credo.data.tasks import build_splits, get_task
+from credo.types import Example
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskData:
+    name: str
+    train: list[Example]
+    eval: list[Example]
+    default_reward: str
+    demonstration: Callable[[Example], str]  # a correct response, for SFT warm start
+    bad_rows: list[BadRow] = field(default_factory=list)
+
+
+def load_task_data(cfg, *, seed: int) -> TaskData:
+    """``cfg`` is a :class:`credo.config.TaskConfig`; ``seed`` is used when ``cfg.seed`` is null."""
+    data_seed = cfg.seed if cfg.seed is not None else seed
+    if cfg.name != "file":
+        task = get_task(cfg.name, **cfg.params)
+        train, eval_ = build_splits(task, train_size=cfg.train_size, eval_size=cfg.eval_size, seed=data_seed)
+        return TaskData(cfg.name, train, eval_, task.default_reward, task.demonstration)
+    train, bad = _read(cfg, cfg.train_file)
+    if cfg.eval_file:
+        eval_, bad_eval = _read(cfg, cfg.eval_file)
+        bad = bad + bad_eval
+    else:
+        train, eval_ = split_examples(train, cfg.eval_fraction, data_seed)
+    return TaskData(f"file:{cfg.train_file}", train, eval_, "exact_match", lambda ex: ex.answer, bad)
+
+
+def _read(cfg, path: str) -> tuple[list[Example], list[BadRow]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", BadRowsWarning)
+        ds = load_dataset_file(path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
+                               on_bad_row=cfg.on_bad_row, max_bad_rows=cfg.max_bad_rows)
+    for w in caught:
+        log.warning("%s", w.message)
+    return ds.examples, ds.bad_rows

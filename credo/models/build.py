@@ -1,0 +1,88 @@
+"""Build, load and save policies as Hugging Face causal LMs.
+
+* :func:`build_model` makes a small Qwen2 or Llama model from sizes in :class:`ModelConfig`
+  (random init, seeded) together with the character tokenizer.
+* :func:`load_model` reads any local Hugging Face directory with ``from_pretrained``
+  (``local_files_only``: nothing is fetched from a hub).
+* :func:`save_model` writes a Hugging Face directory (safetensors weights + tokenizer files).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers.utils import logging as hf_logging
+
+from credo.config.schema import ModelConfig
+from credo.models.tokenizer import build_char_tokenizer
+
+log = logging.getLogger(__name__)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def quiet_transformers() -> None:
+    """No hub calls, no weight-loading progress bars in our logs."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def build_model(cfg: ModelConfig, *, seed: int = 0):
+    """A freshly initialised causal LM and its tokenizer (``cfg.path`` must be None)."""
+    quiet_transformers()
+    tokenizer = build_char_tokenizer()
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, attn_implementation=cfg.attn_implementation,
+    )
+    config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[cfg.dtype])
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.to(cfg.device), tokenizer
+
+
+def load_model(path: str | Path, cfg: ModelConfig | None = None):
+    """Model and tokenizer from a local Hugging Face directory."""
+    quiet_transformers()
+    cfg = cfg or ModelConfig()
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+    )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        log.warning("tokenizer of %s has no pad token; using eos %r", path, tokenizer.eos_token)
+    return model.to(cfg.device), tokenizer
+
+
+def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> None:
+    """Write a Hugging Face directory: config.json, model.safetensors, tokenizer files."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def load_or_build(cfg: ModelConfig, *, seed: int = 0):
+    """(model, tokenizer, fresh): load ``cfg.path`` if set, else build a tiny model."""
+    if cfg.path:
+        model, tok = load_model(cfg.path, cfg)
+        return model, tok, False
+    model, tok = build_model(cfg, seed=seed)
+    return model, tok, True
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

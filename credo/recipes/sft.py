@@ -1,0 +1,76 @@
+"""Supervised fine-tuning on task demonstrations (``credo sft``), and evaluation of a model (``credo eval``).
+
+``credo sft`` uses the ``warm_start.*`` settings (steps, batch size, lr), evaluates before and
+after, and writes ``RUN_DIR/final`` as a Hugging Face directory that ``credo train
+model.path=RUN_DIR/final`` can start from.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from credo.config import RunConfig, load_config
+from credo.data.source import load_task_data
+from credo.models import load_model, load_or_build, save_model
+from credo.recipes.rlvr import prepare_run_dir, run_eval, seed_everything, warm_start
+from credo.rewards import RewardRunner
+from credo.rollout import HFRolloutEngine
+from credo.train.metrics import MetricsLogger
+
+
+def sft(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
+    if run_dir is None and cfg.run_name is None:
+        from datetime import datetime
+
+        cfg.run_name = f"{cfg.task.name}-sft-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = prepare_run_dir(cfg, run_dir, resume=False)
+    seed_everything(cfg.seed, cfg.train.threads)
+    data = load_task_data(cfg.task, seed=cfg.seed)
+    model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)
+    with _runner(cfg, data.default_reward) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger:
+        engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
+        before = run_eval(cfg, engine, runner, data, run_dir, step=0)
+        logger.log(0, before)
+        warm_start(cfg, model, tokenizer, data, logger)
+        after = run_eval(cfg, engine, runner, data, run_dir, step=cfg.warm_start.steps)
+        logger.log(cfg.warm_start.steps, after)
+    save_model(model, tokenizer, run_dir / "final")
+    summary = {f"start/{k}": v for k, v in before.items()} | {f"final/{k}": v for k, v in after.items()}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.log.report:
+        from credo.report import write_report
+
+        write_report(run_dir)
+    return run_dir
+
+
+def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> dict[str, float]:
+    """Evaluate a run directory (its config and final model or latest checkpoint) or a model directory."""
+    from credo.train.checkpoint import latest_checkpoint
+
+    if (target / "config.yaml").is_file() and not (target / "config.json").is_file():
+        cfg = load_config(config or str(target / "config.yaml"), overrides)
+        ckpt = latest_checkpoint(target)
+        model_dir = target / "final" if (target / "final").is_dir() else (ckpt / "model" if ckpt else None)
+        if model_dir is None:
+            raise FileNotFoundError(f"{target} has neither final/ nor a complete checkpoint")
+    else:
+        cfg = load_config(config, overrides)
+        model_dir = target
+    seed_everything(cfg.seed, cfg.train.threads)
+    data = load_task_data(cfg.task, seed=cfg.seed)
+    model, tokenizer = load_model(model_dir, cfg.model)
+    with _runner(cfg, data.default_reward) as runner:
+        engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
+        examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
+        from credo.train.evaluate import evaluate
+
+        metrics = evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                           max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+    return {"model": str(model_dir), "examples": len(examples), **metrics}
+
+
+def _runner(cfg: RunConfig, default_reward: str) -> RewardRunner:
+    r = cfg.reward
+    return RewardRunner(r.name or default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
+                        failure_score=r.failure_score, workers=r.workers, executor=r.executor)

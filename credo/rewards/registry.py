@@ -1,0 +1,122 @@
+"""Registry of reward verifiers, looked up by name.
+
+A verifier is a plain function
+
+    fn(response: str, example: Example, **kwargs) -> RewardResult | float | bool
+
+registered under a short name with :func:`register_reward`. Besides registered names,
+:func:`get_reward_fn` accepts ``"package.module:function"`` import paths, so a user can plug in a
+verifier without touching this package; the same string works in a freshly spawned worker process.
+
+This module does not import torch (reward worker processes must start fast).
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import numbers
+from typing import Any, Callable, Union
+
+from credo.types import RewardResult
+
+VerifierOutput = Union[RewardResult, float, int, bool]
+VerifierFn = Callable[..., VerifierOutput]
+
+_REGISTRY: dict[str, VerifierFn] = {}
+
+
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    """True for the same object, or the same definition re-executed (module reload, re-import)."""
+    if a is b:
+        return True
+    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
+    return key(a) == key(b) and key(a) != (None, None)
+
+
+def register_reward(name: str) -> Callable[[VerifierFn], VerifierFn]:
+    """Decorator registering a verifier under ``name``; returns the function unchanged.
+
+    Registering a *different* function under a name already taken raises ``ValueError``;
+    re-registering the same definition (e.g. when its module is imported again) is a no-op.
+    Names may not contain ``":"``, which marks import paths.
+    """
+    if not name or ":" in name:
+        raise ValueError(f"invalid verifier name {name!r} (must be non-empty and contain no ':')")
+
+    def decorator(fn: VerifierFn) -> VerifierFn:
+        existing = _REGISTRY.get(name)
+        if existing is not None and not _same_function(existing, fn):
+            raise ValueError(
+                f"reward {name!r} is already registered to "
+                f"{existing.__module__}.{existing.__qualname__}"
+            )
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def _ensure_builtins() -> None:
+    """Import the built-in verifiers so that their names are registered."""
+    import credo.rewards.verifiers  # noqa: F401  (registers on import)
+
+
+def list_rewards() -> list[str]:
+    """Sorted names of all registered verifiers (built-ins included)."""
+    _ensure_builtins()
+    return sorted(_REGISTRY)
+
+
+def _import_path(path: str) -> VerifierFn:
+    """Resolve ``"package.module:function"`` (the attribute part may be dotted)."""
+    module_name, _, attr_path = path.partition(":")
+    if not module_name or not attr_path:
+        raise KeyError(f"invalid import path {path!r}; expected 'package.module:function'")
+    obj: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            raise KeyError(f"{module_name!r} has no attribute {attr_path!r} (from {path!r})") from None
+    if not callable(obj):
+        raise TypeError(f"{path!r} resolved to a non-callable {type(obj).__name__}")
+    return obj
+
+
+def get_reward_fn(name: str) -> VerifierFn:
+    """Return the verifier registered as ``name``, or import it from ``"package.module:function"``.
+
+    An unknown name raises ``KeyError`` listing the registered names and the closest match.
+    Import errors of a user module propagate unchanged.
+    """
+    if ":" in name:
+        return _import_path(name)
+    _ensure_builtins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = sorted(_REGISTRY)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(
+            f"unknown reward {name!r}.{hint} Registered: {', '.join(known)}; "
+            "or pass an import path 'package.module:function'."
+        ) from None
+
+
+def to_result(value: Any) -> RewardResult:
+    """Normalise a verifier's return value to a :class:`RewardResult`.
+
+    ``bool`` -> score 1.0/0.0 with ``correct`` set to the bool; a real number -> that score,
+    ``correct = score >= 1.0``; a ``RewardResult`` passes through; anything else -> ``TypeError``.
+    """
+    if isinstance(value, RewardResult):
+        return value
+    if isinstance(value, bool):
+        return RewardResult(score=1.0 if value else 0.0, correct=value)
+    if isinstance(value, numbers.Real):  # int, float, numpy scalars
+        score = float(value)
+        return RewardResult(score=score, correct=score >= 1.0)
+    raise TypeError(
+        f"verifier returned {type(value).__name__}; expected RewardResult, float, int or bool"
+    )

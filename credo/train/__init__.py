@@ -1,0 +1,1 @@
+"""Training loop pieces: metrics logging, and (added by later modules) the trainer itself."""

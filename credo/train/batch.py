@@ -1,0 +1,36 @@
+"""Turn trajectories and their rewards into a padded :class:`TrainBatch`."""
+from __future__ import annotations
+
+import torch
+
+from credo.types import RewardResult, TrainBatch, Trajectory
+
+
+def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int) -> TrainBatch:
+    """Left-pad prompts to P, right-pad responses to T (see :class:`TrainBatch` for the layout)."""
+    if len(trajs) != len(rewards):
+        raise ValueError(f"{len(trajs)} trajectories but {len(rewards)} rewards")
+    batch = len(trajs)
+    plen = max(len(t.prompt_ids) for t in trajs)
+    rlen = max(max(len(t.response_ids) for t in trajs), 1)
+    input_ids = torch.full((batch, plen + rlen), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, plen + rlen), dtype=torch.long)
+    responses = torch.full((batch, rlen), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, rlen))
+    rollout_lp = torch.zeros((batch, rlen))
+    for i, t in enumerate(trajs):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        input_ids[i, plen - p : plen] = torch.tensor(t.prompt_ids)
+        attention[i, plen - p : plen + r] = 1
+        if r:
+            input_ids[i, plen : plen + r] = torch.tensor(t.response_ids)
+            responses[i, :r] = torch.tensor(t.response_ids)
+            mask[i, :r] = torch.tensor(t.response_mask, dtype=torch.float32)
+            rollout_lp[i, :r] = torch.tensor(t.rollout_logprobs)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return TrainBatch(
+        input_ids=input_ids, attention_mask=attention, position_ids=positions, responses=responses,
+        response_mask=mask, prompt_len=plen, rollout_logprobs=rollout_lp,
+        scores=torch.tensor([r.score for r in rewards], dtype=torch.float32),
+        group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
+    )

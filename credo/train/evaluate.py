@@ -1,0 +1,48 @@
+"""Held-out evaluation: greedy accuracy and sampled avg@k / pass@k."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from credo.types import Example, RewardResult, SamplingParams, Trajectory
+
+
+def evaluate(engine, runner, examples: list[Example], *, k: int, temperature: float, max_new_tokens: int,
+             seed: int, samples_path: Path | None = None) -> dict[str, float]:
+    """Metrics ``eval/greedy_acc``, ``eval/avg@k`` (mean correctness of k samples), ``eval/pass@k``.
+
+    Sampling uses its own ``seed`` so evaluating never moves the training sampler's RNG. If
+    ``samples_path`` is given, the greedy responses are written there as JSONL for inspection.
+    """
+    greedy = engine.generate(examples, 1, SamplingParams(greedy=True, max_new_tokens=max_new_tokens))
+    greedy_res = score(runner, greedy)
+    sampled = engine.generate(examples, k, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                                                          seed=seed))
+    sampled_res = score(runner, sampled)
+    correct = [r.correct for r in sampled_res]
+    per_prompt = [any(correct[i * k : (i + 1) * k]) for i in range(len(examples))]
+    if samples_path is not None:
+        _write_samples(samples_path, greedy, greedy_res)
+    n = max(len(examples), 1)
+    return {
+        "eval/greedy_acc": sum(r.correct for r in greedy_res) / n,
+        f"eval/avg@{k}": sum(correct) / max(len(correct), 1),
+        f"eval/pass@{k}": sum(per_prompt) / n,
+        "eval/reward_mean": sum(r.score for r in sampled_res) / max(len(sampled_res), 1),
+        "eval/response_length": sum(len(t.response_ids) for t in greedy) / n,
+    }
+
+
+def score(runner, trajs: list[Trajectory]) -> list[RewardResult]:
+    return runner.score([t.response_text for t in trajs], [t.example for t in trajs])
+
+
+def _write_samples(path: Path, trajs: list[Trajectory], results: list[RewardResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = [
+        {"uid": t.example.uid, "prompt": t.example.prompt, "answer": t.example.answer, "response": t.response_text,
+         "score": r.score, "correct": r.correct, "finish_reason": t.finish_reason}
+        for t, r in zip(trajs, results)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))

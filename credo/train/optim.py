@@ -1,0 +1,48 @@
+"""AdamW and the learning-rate schedule (linear warm-up, then constant / cosine / linear decay)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0,
+                    betas: tuple[float, float] | list[float] = (0.9, 0.99)) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), foreach=False)
+
+
+def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str = "constant",
+              min_lr_ratio: float = 0.0) -> float:
+    """Multiplier of the base lr at optimizer step ``step`` (0-based)."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "cosine":
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - (1 - min_lr_ratio) * progress
+    raise ValueError(f"unknown lr schedule {schedule!r}")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
+                    schedule: str = "constant", min_lr_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    def fn(step: int) -> float:
+        return lr_lambda(step, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule,
+                         min_lr_ratio=min_lr_ratio)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, grad_clip: float) -> float:
+    """Clip gradients, step (skipped when the norm is not finite), zero grads; returns the pre-clip norm."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+    if math.isfinite(norm):
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm

@@ -1,0 +1,113 @@
+"""Typed records passed between pipeline stages.
+
+    prompts -> rollout -> rewards -> advantages -> per-token losses -> update
+
+Every stage consumes and produces one of these small dataclasses instead of dicts of unknown keys.
+Tensor shapes are written in comments: B = sequences in the batch, T = padded response length,
+P = padded prompt length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # torch stays out of this module so reward worker processes start fast
+    import torch
+
+FinishReason = Literal["eos", "length"]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance: the text shown to the model and what a verifier needs to score an answer."""
+
+    prompt: str
+    answer: str  # reference answer (exact-match target, Countdown target spec, math solution, ...)
+    uid: str = ""  # stable identifier (task name + split + index, or file + line)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    max_new_tokens: int = 16
+    greedy: bool = False
+    seed: int | None = None  # per-call seed (like vLLM's per-request seed); None = the engine's own RNG stream
+
+
+@dataclass
+class Trajectory:
+    """One sampled response to one prompt, as the rollout engine produced it."""
+
+    example: Example
+    group_id: int  # index of the prompt in the step's batch; samples of one prompt share it
+    prompt_ids: list[int]
+    response_ids: list[int]  # includes the EOS token when finish_reason == "eos"
+    rollout_logprobs: list[float]  # sampler's log-prob of each response token (temperature-scaled, unfiltered)
+    response_mask: list[int]  # 1 where the token counts in the loss
+    finish_reason: FinishReason
+    response_text: str = ""  # decoded response without special tokens
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """What a verifier says about one response."""
+
+    score: float
+    correct: bool = False  # whether the answer is judged correct (accuracy metrics count this)
+    failed: bool = False  # the verifier raised or timed out; `score` is then the configured failure score
+    error: str = ""  # short description of the failure ("timeout after 5.0s", "ValueError: ...")
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainBatch:
+    """A padded batch ready for the policy forward pass.
+
+    Row layout: ``input_ids = [left-padded prompt (P) | right-padded response (T)]`` so the logits
+    that predict response token t sit at column ``P - 1 + t`` for every row.
+    """
+
+    input_ids: torch.Tensor  # (B, P + T) long
+    attention_mask: torch.Tensor  # (B, P + T) long
+    position_ids: torch.Tensor  # (B, P + T) long
+    responses: torch.Tensor  # (B, T) long, pad where response_mask == 0
+    response_mask: torch.Tensor  # (B, T) float 0/1
+    prompt_len: int  # P
+    rollout_logprobs: torch.Tensor  # (B, T)
+    scores: torch.Tensor  # (B,) verifier scores
+    group_ids: torch.Tensor  # (B,) long
+    old_logprobs: torch.Tensor | None = None  # (B, T)
+    ref_logprobs: torch.Tensor | None = None  # (B, T)
+    advantages: torch.Tensor | None = None  # (B, T)
+    returns: torch.Tensor | None = None  # (B, T)
+    entropy: torch.Tensor | None = None  # (B, T) from the old-log-prob pass
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.responses.shape[0])
+
+    def select(self, idx: torch.Tensor) -> "TrainBatch":
+        """Rows ``idx`` of every tensor field (for mini- and micro-batches)."""
+        out = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            out[name] = v[idx] if hasattr(v, "index_select") else v
+        return TrainBatch(**out)
+
+
+@dataclass
+class LossOutput:
+    """A policy loss after aggregation."""
+
+    loss: torch.Tensor  # scalar, differentiable w.r.t. logprobs
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AdvantageOutput:
+    advantages: torch.Tensor  # (B, T), zero outside response_mask
+    returns: torch.Tensor | None = None  # (B, T) where the estimator defines returns
+    metrics: dict[str, float] = field(default_factory=dict)
