@@ -120,14 +120,14 @@ def test_resume_truncates_step_indexed_jsonl_files(tmp_path):
     with MetricsLogger(tmp_path, tensorboard=False) as logger:
         for step in range(1, 6):
             logger.log(step, {"x": float(step)})
-            logger.log(step, {"sft/loss": 1.0 / step}, file="warm_start.jsonl")
+            logger.log(step, {"n": step}, file="rollouts.jsonl")
     notes = tmp_path / "notes.jsonl"  # no "step" field: must be left alone
     notes.write_text('{"note": "a"}\n{"note": "b"}\n')
     (tmp_path / "metrics.jsonl").write_text((tmp_path / "metrics.jsonl").read_text() + '{"step": 6, "x"')
 
     with MetricsLogger(tmp_path, tensorboard=False, resume_step=3) as logger:
         assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
-        assert [r["step"] for r in read_metrics(tmp_path / "warm_start.jsonl")] == [1, 2, 3]
+        assert [r["step"] for r in read_metrics(tmp_path / "rollouts.jsonl")] == [1, 2, 3]
         logger.log(4, {"x": 40.0})
         logger.log(5, {"x": 50.0})
 
@@ -135,6 +135,25 @@ def test_resume_truncates_step_indexed_jsonl_files(tmp_path):
     assert [(r["step"], r["x"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)]
     assert notes.read_text() == '{"note": "a"}\n{"note": "b"}\n'
     assert not list(tmp_path.glob("*.tmp"))  # atomic rewrite left no temp files
+
+
+def test_resume_keeps_warm_start_log_whole(tmp_path):
+    """Warm-start SFT ran before RL step 1 and is not repeated: its steps 4..10 are not "after" step 3."""
+    with MetricsLogger(tmp_path) as logger:
+        for step in range(1, 11):
+            logger.log(step, {"sft/loss": 1.0 / step}, file="warm_start.jsonl")
+        for step in range(1, 6):
+            logger.log(step, {"x": float(step)})
+    with MetricsLogger(tmp_path, resume_step=3) as logger:
+        logger.log(4, {"x": 40.0})
+    assert [r["step"] for r in read_metrics(tmp_path / "warm_start.jsonl")] == list(range(1, 11))
+    tb_warm_start = _tb_scalars(tmp_path / "tb" / "warm_start")["warm_start/sft/loss"]
+    assert [step for step, _ in tb_warm_start] == list(range(1, 11))
+    assert _tb_scalars(tmp_path / "tb")["x"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+
+    with MetricsLogger(tmp_path, tensorboard=False, resume_step=2, keep_on_resume=()):
+        pass
+    assert [r["step"] for r in read_metrics(tmp_path / "warm_start.jsonl")] == [1, 2]
 
 
 def test_resume_without_existing_files_starts_fresh(tmp_path):
@@ -153,7 +172,7 @@ def test_tensorboard_event_file_and_tags(tmp_path):
     scalars = _tb_scalars(tmp_path / "tb")
     assert scalars["reward/mean"] == [(1, 0.5), (2, 0.75)]
     assert scalars["timing_s/gen"] == [(1, 1.0)]
-    assert scalars["warm_start/sft/loss"] == [(1, 3.0)]
+    assert _tb_scalars(tmp_path / "tb" / "warm_start") == {"warm_start/sft/loss": [(1, 3.0)]}
 
 
 def test_tensorboard_purges_steps_after_resume_step(tmp_path):

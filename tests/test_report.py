@@ -64,12 +64,13 @@ def run_dir(tmp_path):
     run.mkdir()
     rows = [_train_row(step) for step in range(1, 41)]
     rows += [  # eval logged in a separate call at the same step
-        {"step": step, "eval/greedy_acc": 0.1 + step / 80, "eval/avg@8": step / 90, "eval/pass@8": 0.3 + step / 100}
-        for step in (1, 10, 20, 30, 40)
+        {"step": s, "eval/greedy_acc": 0.1 + s / 80, "eval/avg@8": s / 90, "eval/pass@8": 0.3 + s / 100}
+        for s in (1, 10, 20, 30, 40)
     ]
     rows[5]["reward/mean"] = None  # a NaN logged as null
     _write_jsonl(run / "metrics.jsonl", rows, tail='{"step": 41, "reward/me')  # killed mid-write
-    _write_jsonl(run / "warm_start.jsonl", [{"step": s, "sft/loss": 2.0 / s, "sft/lr": 1e-5} for s in range(1, 21)])
+    warm_start = [{"step": s, "sft/loss": 2.0 / s, "sft/lr": 1e-5} for s in range(1, 21)]
+    _write_jsonl(run / "warm_start.jsonl", warm_start)
     (run / "config.yaml").write_text("model: tiny\nalgo:\n  name: grpo  # <b>not html</b>\n")
     (run / "summary.json").write_text(json.dumps({"final_step": 40, "status": "completed", "best_acc": 0.61}))
     return run
@@ -106,7 +107,8 @@ def test_full_report(run_dir):
 
 
 def test_one_row_run(tmp_path):
-    _write_jsonl(tmp_path / "metrics.jsonl", [{"step": 1, "reward/mean": 0.5, "timing_s/gen": 2.0, "eval/greedy_acc": 0.25}])
+    row = {"step": 1, "reward/mean": 0.5, "timing_s/gen": 2.0, "eval/greedy_acc": 0.25}
+    _write_jsonl(tmp_path / "metrics.jsonl", [row])
     page = write_report(tmp_path).read_text()
     pngs = {p.name for p in (tmp_path / "plots").glob("*.png")}
     assert pngs == {"reward_accuracy.png", "time_split.png"}

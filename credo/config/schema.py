@@ -87,12 +87,12 @@ class AlgoConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(60, "RL steps (one rollout batch each)", min=0)
+    steps: int = opt(200, "RL steps (one rollout batch each)", min=0)
     prompts_per_step: int = opt(16, "prompts per step; sequences = prompts_per_step * group_size", min=1)
     ppo_epochs: int = opt(1, "passes over each rollout batch", min=1)
     mini_batch_size: int | None = opt(None, "sequences per optimizer step (null = whole batch)", min=1)
     micro_batch_size: int | None = opt(None, "sequences per forward/backward (gradient accumulation)", min=1)
-    lr: float = opt(2e-3, "AdamW learning rate", min=0.0)
+    lr: float = opt(3e-4, "AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0.0)
     betas: list = opt(None, "AdamW betas", factory=lambda: [0.9, 0.99])
     grad_clip: float = opt(1.0, "max gradient norm (0 = off); a non-finite norm skips the step", min=0.0)
@@ -105,7 +105,7 @@ class TrainConfig:
 @dataclass
 class WarmStartConfig:
     enabled: bool | None = opt(None, "SFT before RL: true, false, or null = only for a freshly built model")
-    steps: int = opt(50, "SFT optimizer steps", min=0)
+    steps: int = opt(100, "SFT optimizer steps", min=0)
     batch_size: int = opt(32, "demonstrations per SFT step", min=1)
     lr: float = opt(3e-3, "SFT learning rate", min=0.0)
     warmup_steps: int = opt(5, "SFT lr warm-up steps", min=0)
@@ -113,7 +113,7 @@ class WarmStartConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = opt(20, "evaluate every N RL steps (0 = only before and after RL)", min=0)
+    every: int = opt(25, "evaluate every N RL steps (0 = only before and after RL)", min=0)
     size: int | None = opt(None, "held-out examples to evaluate (null = all)", min=1)
     k: int = opt(4, "samples per prompt for avg@k / pass@k", min=1)
     temperature: float = opt(1.0, "sampling temperature for avg@k", min=0.0)
@@ -121,7 +121,7 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = opt(20, "checkpoint every N steps (0 = only at the end)", min=0)
+    every: int = opt(50, "checkpoint every N steps (0 = only at the end)", min=0)
     keep: int = opt(2, "checkpoints to keep (older ones are deleted)", min=1)
     save_final: bool = opt(True, "save the final policy as a Hugging Face directory in RUN_DIR/final")
 

@@ -110,7 +110,8 @@ def _wall_time(rows: Rows) -> tuple[str, str] | None:
     s = series(rows, TIMING_TOTAL)
     if not len(s):
         return None
-    return "Total wall time", f"{_fmt_duration(float(s.values.sum()))} (sum of {TIMING_TOTAL} over {len(s)} steps)"
+    total = _fmt_duration(float(s.values.sum()))
+    return "Total wall time", f"{total} (sum of {TIMING_TOTAL} over {len(s)} steps)"
 
 
 def _throughput(rows: Rows) -> tuple[str, str] | None:
@@ -171,7 +172,10 @@ def _summary_json_section(summary: dict[str, Any] | str | None) -> str:
         return ""
     if isinstance(summary, str):
         return f'<h2>summary.json</h2>\n<p class="note">{html.escape(summary)}</p>'
-    entries = [(key, _fmt(value) if isinstance(value, (int, float)) else json.dumps(value)) for key, value in summary.items()]
+    entries = [
+        (key, _fmt(value) if isinstance(value, (int, float)) else json.dumps(value))
+        for key, value in summary.items()
+    ]
     return f"<h2>summary.json</h2>\n{_table(entries)}"
 
 
@@ -254,7 +258,8 @@ def write_report(run_dir: str | Path) -> Path:
     plots = make_plots(rows, warm_start_rows, run_dir / PLOTS_DIRNAME)
     config_path = run_dir / "config.yaml"
     config_text = config_path.read_text(encoding="utf-8", errors="replace") if config_path.is_file() else None
-    page = render_html(run_dir, summarize(rows), _read_summary_json(run_dir / "summary.json"), plots, config_text)
+    summary_json = _read_summary_json(run_dir / "summary.json")
+    page = render_html(run_dir, summarize(rows), summary_json, plots, config_text)
     report_path = run_dir / REPORT_NAME
     _atomic_write_text(report_path, page)
     return report_path

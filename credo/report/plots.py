@@ -79,8 +79,10 @@ def _paired(rows: Rows, key_a: str, key_b: str) -> tuple[np.ndarray, np.ndarray,
     """Steps where both keys have finite values, and the two value arrays."""
     triples = [(row["step"], _number(row.get(key_a)), _number(row.get(key_b))) for row in rows]
     triples = [t for t in triples if t[1] is not None and t[2] is not None]
-    steps, a, b = (np.array(col, dtype=float) for col in zip(*triples)) if triples else ([], [], [])
-    return np.asarray(steps, dtype=float), np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not triples:
+        return np.empty(0), np.empty(0), np.empty(0)
+    steps, a, b = (np.array(column, dtype=float) for column in zip(*triples))
+    return steps, a, b
 
 
 def keys_with_prefix(rows: Rows, prefix: str) -> list[str]:
@@ -160,7 +162,9 @@ class Panel:
     draw: Callable[[Axes], None]
 
 
-def _lines_panel(rows: Rows, title: str, ylabel: str, keys: Sequence[str], *, smooth: bool = True) -> Panel | None:
+def _lines_panel(
+    rows: Rows, title: str, ylabel: str, keys: Sequence[str], *, smooth: bool = True
+) -> Panel | None:
     """One curve per present key; ``None`` if none of the keys has a value."""
     present = [(key, s) for key in keys if len(s := series(rows, key))]
     if not present:
@@ -188,7 +192,8 @@ def _reward_panel(rows: Rows) -> Panel | None:
 
 
 def _accuracy_panel(rows: Rows) -> Panel | None:
-    eval_keys = ["eval/greedy_acc", *keys_with_prefix(rows, "eval/avg@"), *keys_with_prefix(rows, "eval/pass@")]
+    sampled = keys_with_prefix(rows, "eval/avg@") + keys_with_prefix(rows, "eval/pass@")
+    eval_keys = ["eval/greedy_acc", *sampled]
     train = series(rows, "acc/mean")
     evals = [(key, s) for key in eval_keys if len(s := series(rows, key))]
     if not len(train) and not evals:
@@ -227,7 +232,8 @@ def _timing_matrix(rows: Rows) -> tuple[np.ndarray, list[str], np.ndarray]:
     keys = [k for k in keys_with_prefix(rows, TIMING_PREFIX) if k != TIMING_TOTAL]
     timed = [row for row in rows if any(_number(row.get(k)) is not None for k in keys)]
     steps = np.array([row["step"] for row in timed], dtype=float)
-    seconds = np.array([[_number(row.get(k)) or 0.0 for row in timed] for k in keys]).reshape(len(keys), len(timed))
+    seconds = np.array([[_number(row.get(k)) or 0.0 for row in timed] for k in keys])
+    seconds = seconds.reshape(len(keys), len(timed))  # keeps the 2-D shape when there are no rows
     order = np.argsort(-seconds.sum(axis=1), kind="stable")
     return steps, [keys[i] for i in order], seconds[order]
 

@@ -4,7 +4,8 @@ Layout inside a run directory::
 
     run_dir/metrics.jsonl        one JSON object per line: {"step": 12, "reward/mean": 0.41, ...}
     run_dir/<name>.jsonl         other logs written through ``log(..., file="<name>.jsonl")``
-    run_dir/tb/                  TensorBoard event files (tags = metric keys, unchanged)
+    run_dir/tb/                  TensorBoard events of metrics.jsonl (tags = metric keys, unchanged)
+    run_dir/tb/<name>/           TensorBoard events of <name>.jsonl (tags prefixed "<name>/")
 
 JSONL is the source of truth (the report in ``credo.report`` reads it); TensorBoard is a convenience.
 Each line is flushed and fsync'ed as soon as it is written, so a killed run loses at most the line
@@ -18,6 +19,10 @@ Resuming: ``MetricsLogger(run_dir, resume_step=s)`` keeps only the rows with ``s
 ``*.jsonl`` file of ``run_dir`` whose rows carry a ``"step"`` field (rows logged after the last
 checkpoint by the killed run are dropped, so the resumed run continues the same log without
 duplicates), and opens TensorBoard with ``purge_step=s + 1`` so TensorBoard hides the same rows.
+Files named in ``keep_on_resume`` (default: ``warm_start.jsonl``) are left whole: they log a phase
+that ran once before the RL loop, is not repeated on resume, and counts its own steps (SFT step
+40 was logged before RL step 20, not after it).  That is also why every file has its own
+TensorBoard directory: a purge in one run directory hides all of its tags.
 
 This module imports neither torch nor tensorboard at import time; the SummaryWriter is imported
 lazily when the logger is created.  A logger is meant to be used from one process and thread.
@@ -36,9 +41,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-__all__ = ["MetricsLogger", "read_metrics", "DEFAULT_FILE"]
+__all__ = ["MetricsLogger", "read_metrics", "DEFAULT_FILE", "KEEP_ON_RESUME"]
 
 DEFAULT_FILE = "metrics.jsonl"
+KEEP_ON_RESUME = ("warm_start.jsonl",)  # logs of a pre-RL phase, indexed by their own steps
 TB_DIRNAME = "tb"
 
 _log = logging.getLogger(__name__)
@@ -189,6 +195,7 @@ class MetricsLogger:
         resume_step: step of the checkpoint a resumed run starts from.  Rows with a larger step
             are removed from every step-indexed ``*.jsonl`` in ``run_dir`` (atomic rewrite), and
             TensorBoard gets ``purge_step=resume_step + 1``.
+        keep_on_resume: file names exempt from that truncation and purge (see module docstring).
 
     Usage::
 
@@ -197,26 +204,51 @@ class MetricsLogger:
             logger.log(sft_step, {"sft/loss": 1.3}, file="warm_start.jsonl")
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        keep_on_resume: Iterable[str] = KEEP_ON_RESUME,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume_step = resume_step
+        self._keep_on_resume = frozenset(keep_on_resume)
         self._files: dict[str, IO[str]] = {}
+        self._writers: dict[str, Any] = {}  # file name -> SummaryWriter, created on first use
         self._closed = False
         if resume_step is not None:
             for path in sorted(self.run_dir.glob("*.jsonl")):
-                _truncate_for_resume(path, resume_step)
-        self._writer: Any | None = None
+                if path.name not in self._keep_on_resume:
+                    _truncate_for_resume(path, resume_step)
+        self._tensorboard = tensorboard
         if tensorboard:
-            purge_step = None if resume_step is None else resume_step + 1
-            self._writer = _open_summary_writer(self.run_dir / TB_DIRNAME, purge_step)
+            self._writer_for(DEFAULT_FILE)  # open now: writes the purge marker at once on resume
         else:
             _log.info("TensorBoard logging off; writing JSONL only to %s", self.run_dir)
 
     @property
     def tensorboard_enabled(self) -> bool:
         """Whether scalars are also going to TensorBoard."""
-        return self._writer is not None
+        return self._tensorboard
+
+    def _writer_for(self, file: str) -> Any | None:
+        """The SummaryWriter of ``file`` (``tb/`` for metrics.jsonl, ``tb/<stem>/`` otherwise)."""
+        if not self._tensorboard:
+            return None
+        if file not in self._writers:
+            log_dir = self.run_dir / TB_DIRNAME
+            if file != DEFAULT_FILE:
+                log_dir /= Path(file).stem
+            resumed = self.resume_step is not None and file not in self._keep_on_resume
+            writer = _open_summary_writer(log_dir, self.resume_step + 1 if resumed else None)
+            if writer is None:
+                self._tensorboard = False
+                return None
+            self._writers[file] = writer
+        return self._writers[file]
 
     def log(self, step: int, metrics: Mapping[str, Any], *, file: str = DEFAULT_FILE) -> None:
         """Write one row ``{"step": step, **metrics}`` to ``run_dir/file`` and to TensorBoard.
@@ -247,24 +279,25 @@ class MetricsLogger:
         os.fsync(handle.fileno())
 
     def _write_scalars(self, step: int, values: Mapping[str, int | float], file: str) -> None:
-        if self._writer is None:
+        writer = self._writer_for(file)
+        if writer is None:
             return
         prefix = "" if file == DEFAULT_FILE else f"{Path(file).stem}/"
         for key, value in values.items():
-            self._writer.add_scalar(prefix + key, value, global_step=step)
-        self._writer.flush()
+            writer.add_scalar(prefix + key, value, global_step=step)
+        writer.flush()
 
     def close(self) -> None:
-        """Close the JSONL files and the TensorBoard writer (idempotent)."""
+        """Close the JSONL files and the TensorBoard writers (idempotent)."""
         if self._closed:
             return
         self._closed = True
         for handle in self._files.values():
             handle.close()
         self._files.clear()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
 
     def __enter__(self) -> MetricsLogger:
         return self
