@@ -8,12 +8,20 @@
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 from transformers.utils import logging as hf_logging
 
 from credo.config.schema import ModelConfig
@@ -57,7 +65,7 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None):
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(
         path, local_files_only=True, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
     )
@@ -65,6 +73,24 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None):
         tokenizer.pad_token = tokenizer.eos_token
         log.warning("tokenizer of %s has no pad token; using eos %r", path, tokenizer.eos_token)
     return model.to(cfg.device), tokenizer
+
+
+_GENERIC_TOKENIZERS = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
+def load_tokenizer(path: str | Path):
+    """Tokenizer of a local directory.
+
+    A generic fast tokenizer (credo's character tokenizer is saved as one) is loaded as exactly
+    that: ``AutoTokenizer`` would otherwise pick the tokenizer class of the model type (e.g.
+    ``Qwen2Tokenizer``), whose own pre-tokenizer drops spaces from a character vocabulary.
+    """
+    path = Path(path)
+    cfg_file = path / "tokenizer_config.json"
+    cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
+    if cls in _GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> None:

@@ -1,0 +1,25 @@
+"""Shared fixtures: a tiny policy that builds in milliseconds."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from credo.config import ModelConfig
+
+TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                   max_position_embeddings=64)
+
+# CLI overrides for a few-second end-to-end run
+TINY_RUN = [
+    "model.hidden_size=32", "model.intermediate_size=64", "task.train_size=64", "task.eval_size=8",
+    "rollout.group_size=4", "train.prompts_per_step=4", "rollout.max_new_tokens=8", "warm_start.steps=3",
+    "warm_start.batch_size=8", "eval.k=2", "reward.workers=1", "train.threads=1",
+]
+
+
+@pytest.fixture
+def tiny_model():
+    from credo.models import build_model
+
+    torch.manual_seed(0)
+    return build_model(TINY, seed=0)

@@ -1,0 +1,101 @@
+"""Rollout: sampling, stopping, log-probs that agree with the trainer, seeded reproducibility."""
+from __future__ import annotations
+
+import torch
+
+from credo.rollout import HFRolloutEngine, RolloutEngine, filter_logits
+from credo.train.batch import collate
+from credo.train.forward import batched_logprobs
+from credo.types import Example, RewardResult, SamplingParams
+
+PROMPTS = [Example("rev abc=", "cba", "a"), Example("rev hgfedc=", "cdefgh", "b"), Example("12+3=", "15", "c")]
+
+
+def test_engine_satisfies_protocol(tiny_model):
+    assert isinstance(HFRolloutEngine(*tiny_model), RolloutEngine)
+
+
+def test_groups_lengths_and_finish_reasons(tiny_model):
+    model, tok = tiny_model
+    engine = HFRolloutEngine(model, tok, seed=0)
+    trajs = engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=6))
+    assert [t.group_id for t in trajs] == [0] * 4 + [1] * 4 + [2] * 4
+    for t in trajs:
+        assert t.prompt_ids == engine.encode(t.example.prompt)
+        assert 1 <= len(t.response_ids) <= 6
+        assert len(t.rollout_logprobs) == len(t.response_ids) == len(t.response_mask)
+        assert all(lp <= 0 for lp in t.rollout_logprobs)
+        if t.finish_reason == "eos":
+            assert t.response_ids[-1] == tok.eos_token_id and tok.eos_token_id not in t.response_ids[:-1]
+        else:
+            assert len(t.response_ids) == 6 and tok.eos_token_id not in t.response_ids
+
+
+def test_eos_stops_a_row(tiny_model):
+    model, tok = tiny_model
+    with torch.no_grad():  # make EOS overwhelmingly likely
+        model.lm_head.weight.data[tok.eos_token_id] *= 0
+        model.model.norm.weight.data.fill_(0.0)
+        model.lm_head.bias = None
+    engine = HFRolloutEngine(model, tok, seed=0)
+    bias = torch.full((len(tok),), -50.0)
+    bias[tok.eos_token_id] = 50.0
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: o + bias)
+    try:
+        trajs = engine.generate(PROMPTS, 2, SamplingParams(max_new_tokens=5))
+    finally:
+        handle.remove()
+    assert all(t.finish_reason == "eos" and t.response_ids == [tok.eos_token_id] for t in trajs)
+    assert all(t.response_text == "" for t in trajs)
+
+
+def test_rollout_logprobs_match_trainer_recompute(tiny_model):
+    """The sampler's log-probs (left-padded, KV cache) equal the trainer's full forward on the batch."""
+    model, tok = tiny_model
+    engine = HFRolloutEngine(model, tok, seed=1)
+    for temperature in (1.0, 0.7):
+        trajs = engine.generate(PROMPTS, 3, SamplingParams(max_new_tokens=7, temperature=temperature, top_k=20))
+        batch = collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tok.pad_token_id)
+        old, _ = batched_logprobs(model, batch, micro_batch_size=4, temperature=temperature)
+        mask = batch.response_mask.bool()
+        torch.testing.assert_close(old[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_sampling_is_reproducible_by_seed_and_state(tiny_model):
+    model, tok = tiny_model
+    sp = SamplingParams(max_new_tokens=6)
+    a = HFRolloutEngine(model, tok, seed=5)
+    b = HFRolloutEngine(model, tok, seed=5)
+    first = [t.response_ids for t in a.generate(PROMPTS, 2, sp)]
+    assert first == [t.response_ids for t in b.generate(PROMPTS, 2, sp)]
+    state = a.state_dict()
+    nxt = [t.response_ids for t in a.generate(PROMPTS, 2, sp)]
+    a.load_state_dict(state)
+    assert nxt == [t.response_ids for t in a.generate(PROMPTS, 2, sp)]
+    # a per-call seed neither depends on nor moves the engine's stream
+    seeded = SamplingParams(max_new_tokens=6, seed=123)
+    s1 = [t.response_ids for t in a.generate(PROMPTS, 2, seeded)]
+    state = a.state_dict()
+    s2 = [t.response_ids for t in b.generate(PROMPTS, 2, seeded)]
+    assert s1 == s2 and torch.equal(a.state_dict()["generator"], state["generator"])
+
+
+def test_chunking_does_not_change_greedy_output(tiny_model):
+    model, tok = tiny_model
+    sp = SamplingParams(greedy=True, max_new_tokens=6)
+    whole = HFRolloutEngine(model, tok, max_batch_size=64).generate(PROMPTS, 2, sp)
+    chunked = HFRolloutEngine(model, tok, max_batch_size=2).generate(PROMPTS, 2, sp)
+    assert [t.response_ids for t in whole] == [t.response_ids for t in chunked]
+    assert whole[0].response_ids == whole[1].response_ids  # greedy: both samples of a prompt agree
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    k2 = filter_logits(logits, top_k=2)
+    assert torch.isfinite(k2).tolist() == [[True, True, False, False]]
+    # top_p=0.7: keep the smallest prefix whose mass reaches 0.7 -> {0.5, 0.3}
+    p = filter_logits(logits, top_p=0.7)
+    assert torch.isfinite(p).tolist() == [[True, True, False, False]]
+    p = filter_logits(logits, top_p=0.5)  # 0.5 alone reaches 0.5
+    assert torch.isfinite(p).tolist() == [[True, False, False, False]]
+    assert torch.equal(filter_logits(logits), logits)
