@@ -54,3 +54,23 @@ def modules_loaded(response: str, example: Example, **kwargs: object) -> RewardR
 def shout(response: str, example: Example, **_: object) -> bool:
     """Registered by name only: a worker must import this module to find it."""
     return response.upper() == example.answer
+
+
+def length_score(response: str, example: Example, **_: object) -> float:
+    """A dense score (response length / 8, capped at 1) so RL gets non-zero advantages from a random model."""
+    return min(len(response), 8) / 8
+
+
+def slow_length_score(response: str, example: Example, **_: object) -> float:
+    """:func:`length_score` after a 20 ms pause, to make a run slow enough to be killed mid-way."""
+    time.sleep(0.02)
+    return length_score(response, example)
+
+
+def flaky(response: str, example: Example, **_: object) -> float:
+    """Raises on responses of odd length, hangs on length 3, else scores like :func:`length_score`."""
+    if len(response) == 3:
+        time.sleep(30)
+    if len(response) % 2:
+        raise RuntimeError("verifier bug")
+    return length_score(response, example)

@@ -56,6 +56,7 @@ class RunState:
     start_eval: dict[str, float] = field(default_factory=dict)  # held-out metrics before RL
     last_eval: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0  # training wall time summed over (resumed) segments
+    bad_rows: int = 0  # malformed dataset rows skipped
 
 
 # ============================================================================ entry point
@@ -86,7 +87,7 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
         if ckpt:
             state = restore(ckpt, optimizer, scheduler, engine, sampler)
         else:
-            state = RunState()
+            state = RunState(bad_rows=len(data.bad_rows))
             if warm_start_enabled(cfg, fresh):
                 warm_start(cfg, model, tokenizer, data, logger)
             state.start_eval = state.last_eval = run_eval(cfg, engine, runner, data, run_dir, step=0)
@@ -324,7 +325,8 @@ def finish(cfg: RunConfig, run_dir: Path, state: RunState, model, tokenizer) -> 
 
     if cfg.checkpoint.save_final:
         save_model(model, tokenizer, run_dir / "final")
-    summary = {"steps": state.step, "train_wall_s": round(state.wall_s, 2), "parameters": num_parameters(model)}
+    summary = {"steps": state.step, "train_wall_s": round(state.wall_s, 2), "parameters": num_parameters(model),
+               "data/bad_rows": state.bad_rows}
     for key, value in state.start_eval.items():
         summary[f"start/{key}"] = value
     for key, value in state.last_eval.items():

@@ -1,0 +1,165 @@
+"""End-to-end runs through the real CLI: files, learning signal, determinism, resume, bad inputs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from credo.cli.main import main
+from credo.train.metrics import read_metrics
+from tests.conftest import TINY_RUN
+
+REPO = Path(__file__).resolve().parents[1]
+VOLATILE = ("timing_s/", "perf/tokens_per_s", "perf/gen_tokens_per_s")
+
+
+def _stable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "credo.cli.main", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_train_writes_everything_and_changes_parameters(tmp_path: Path):
+    run = tmp_path / "run"
+    proc = _cli("train", "--run-dir", str(run), *TINY_RUN, "train.steps=3", "warm_start.enabled=false",
+                "eval.every=2", "checkpoint.every=2", "reward.name=tests.reward_fixtures:length_score")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "report.html", "final/model.safetensors",
+                 "final/config.json", "final/tokenizer.json", "plots/reward_accuracy.png", "plots/time_split.png",
+                 "eval_samples/step_000000.jsonl", "checkpoints/latest"):
+        assert (run / name).is_file(), name
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    step = rows[1]
+    for key in ("reward/mean", "reward/std", "acc/mean", "response_length/mean", "actor/entropy", "actor/pg_clipfrac",
+                "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/grad_norm", "actor/lr", "timing_s/gen",
+                "timing_s/reward", "timing_s/update", "perf/tokens_per_s", "reward/verifier_failures"):
+        assert key in step, key
+    assert "eval/greedy_acc" in rows[0] and "eval/avg@2" in rows[2] and "eval/pass@2" in rows[3]
+    # RL alone (no warm start) moved the weights away from the seeded initialisation
+    from credo.config import load_config
+    from credo.models import build_model
+
+    init, _ = build_model(load_config(str(run / "config.yaml")).model, seed=0)
+    final = load_file(run / "final" / "model.safetensors")
+    changed = [k for k, v in init.state_dict().items() if k in final and not torch.equal(v, final[k])]
+    assert len(changed) > len(final) // 2
+    assert "report:" in proc.stdout and "greedy_acc" in proc.stdout
+
+
+def test_same_seed_same_metrics(tmp_path: Path):
+    args = [*TINY_RUN, "train.steps=3", "eval.every=0", "log.report=false", "log.tensorboard=false"]
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "a"), *args]) == 0
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "b"), *args]) == 0
+    a = _stable(read_metrics(tmp_path / "a" / "metrics.jsonl"))
+    b = _stable(read_metrics(tmp_path / "b" / "metrics.jsonl"))
+    assert a == b and len(a) == 4
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "c"), *args, "seed=1"]) == 0
+    assert _stable(read_metrics(tmp_path / "c" / "metrics.jsonl")) != a
+
+
+def test_killed_run_resumes_to_the_same_metrics(tmp_path: Path):
+    args = [*TINY_RUN, "train.steps=6", "checkpoint.every=2", "eval.every=3", "log.report=false",
+            "reward.name=tests.reward_fixtures:slow_length_score", "train.mini_batch_size=8",
+            "train.micro_batch_size=4", "train.lr_schedule=cosine"]
+    full = _cli("train", "--run-dir", str(tmp_path / "full"), *args)
+    assert full.returncode == 0, full.stderr[-2000:]
+
+    run = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "train", "--run-dir", str(run), *args], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = run / "checkpoints" / "latest"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (latest.is_file() and latest.read_text().strip() == "step_000002"):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "summary.json").exists(), "the run finished before it could be killed"
+    assert len(read_metrics(run / "metrics.jsonl")) >= 3
+
+    resumed = _cli("train", "--resume", str(run))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = _stable(read_metrics(tmp_path / "full" / "metrics.jsonl"))
+    b = _stable(read_metrics(run / "metrics.jsonl"))
+    assert [r["step"] for r in b] == list(range(7))
+    assert a == b
+    sa = json.loads((tmp_path / "full" / "summary.json").read_text())
+    sb = json.loads((run / "summary.json").read_text())
+    assert {k: v for k, v in sa.items() if k != "train_wall_s"} == {k: v for k, v in sb.items() if k != "train_wall_s"}
+
+
+def test_resume_errors(tmp_path: Path, capsys):
+    assert main(["train", "--resume", str(tmp_path)]) == 1
+    assert "not a credo run directory" in capsys.readouterr().err
+    args = [*TINY_RUN, "train.steps=1", "log.report=false", "log.tensorboard=false", "checkpoint.every=0"]
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "r"), *args]) == 0
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "r"), *args]) == 1  # refuses to overwrite a run
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_failing_verifier_never_stops_the_run(tmp_path: Path):
+    args = [*TINY_RUN, "train.steps=2", "eval.every=0", "log.report=false", "log.tensorboard=false",
+            "reward.name=tests.reward_fixtures:flaky", "reward.timeout_s=0.5", "reward.failure_score=-1",
+            "warm_start.enabled=false", "rollout.max_new_tokens=4"]
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "r"), *args]) == 0
+    rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
+    failures = sum(r.get("reward/verifier_failures", 0) for r in rows)
+    assert failures > 0
+    assert min(r["reward/min"] for r in rows if "reward/min" in r) == -1.0
+
+
+def test_user_jsonl_dataset_with_bad_rows(tmp_path: Path, capsys, caplog):
+    data = tmp_path / "data.jsonl"
+    good = [json.dumps({"prompt": f"rev {s}=", "answer": s[::-1]}) for s in ("abc", "bca", "cab", "dab", "bad", "cad",
+                                                                              "fed", "ged", "hag", "gah")]
+    data.write_text("\n".join(good[:5] + ["{not json", json.dumps({"prompt": "x"})] + good[5:]) + "\n")
+    args = [*TINY_RUN, "task.name=file", f"task.train_file={data}", "task.eval_fraction=0.2", "train.steps=1",
+            "log.report=false", "log.tensorboard=false"]
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "skip"), *args]) == 0
+    warned = caplog.text
+    assert "skipped 2 of 12 rows" in warned and f"{data}:6: invalid JSON" in warned
+    assert f"{data}:7: missing field 'answer'" in warned
+    assert json.loads((tmp_path / "skip" / "summary.json").read_text())["data/bad_rows"] == 2
+    capsys.readouterr()
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "strict"), *args, "task.on_bad_row=error"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("credo: error:") and f"{data}:6" in err
+
+
+def test_sft_eval_report_and_list_commands(tmp_path: Path, capsys):
+    run = tmp_path / "sft"
+    assert main(["-q", "sft", "--run-dir", str(run), *TINY_RUN, "warm_start.steps=4", "log.tensorboard=false"]) == 0
+    assert (run / "final" / "model.safetensors").is_file() and (run / "warm_start.jsonl").is_file()
+    assert len(read_metrics(run / "warm_start.jsonl")) == 4
+    capsys.readouterr()
+    assert main(["-q", "eval", str(run)]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["examples"] == 8 and 0.0 <= metrics["eval/greedy_acc"] <= 1.0
+    # the model directory itself, with a config given on the command line
+    assert main(["-q", "eval", str(run / "final"), *TINY_RUN]) == 0
+    assert json.loads(capsys.readouterr().out)["eval/greedy_acc"] == metrics["eval/greedy_acc"]
+    # continue with RL from the SFT model
+    rl = tmp_path / "rl"
+    assert main(["-q", "train", "--run-dir", str(rl), *TINY_RUN, f"model.path={run / 'final'}", "train.steps=1",
+                 "log.tensorboard=false"]) == 0
+    assert not (rl / "warm_start.jsonl").exists(), "a loaded model gets no warm start by default"
+    assert main(["report", str(rl)]) == 0
+    assert capsys.readouterr().out.strip().endswith("report.html")
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ppo", "grpo", "exact_match", "countdown", "math", "reversal", "addition", "token-mean", "k3"):
+        assert name in out
