@@ -94,3 +94,10 @@ def test_cli_exits_2_with_one_line_before_building_a_model(monkeypatch, capsys, 
     assert err.count("\n") == 0
     assert err.startswith("credo: config error: unknown key 'train.lerning_rate'")
     assert not any(tmp_path.iterdir()), "nothing may be written for a bad config"
+
+
+def test_readme_config_reference_is_in_sync():
+    from credo.config.reference import embed
+
+    readme = (REPO_CONFIGS.parent / "README.md").read_text()
+    assert embed(readme) == readme, "run: python -m credo.config.reference --readme README.md"

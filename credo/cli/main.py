@@ -19,7 +19,14 @@ EXIT_CONFIG = 2
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like key=value)")
+    if extra and not hasattr(args, "overrides"):
+        parser.error(f"'credo {args.command}' takes no key=value overrides: {' '.join(extra)}")
+    if hasattr(args, "overrides"):
+        args.overrides = extra
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s",
                         stream=sys.stderr)
     try:
@@ -71,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", metavar="PRESET", help="YAML file or preset name in configs/")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.steps=20")
+    p.set_defaults(overrides=[])  # filled from key=value arguments anywhere on the line
+    p.epilog = ("Any number of key=value config overrides may appear anywhere on the line, e.g. "
+                "train.steps=20 algo.policy_loss_args.clip_high=0.28 (reference: README, 'Configuration').")
 
 
 # ---------------------------------------------------------------------------- commands

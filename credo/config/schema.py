@@ -138,7 +138,7 @@ class LogConfig:
 class RunConfig:
     seed: int = opt(0, "global seed")
     output_dir: str = opt("runs", "parent directory of run directories")
-    run_name: str | None = opt(None, "run directory name (null = <task>-<loss>-<timestamp>)")
+    run_name: str | None = opt(None, "run directory name (null = TASK-LOSS-TIMESTAMP)")
     model: ModelConfig = opt(None, factory=ModelConfig)
     task: TaskConfig = opt(None, factory=TaskConfig)
     rollout: RolloutConfig = opt(None, factory=RolloutConfig)
