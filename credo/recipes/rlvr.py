@@ -15,6 +15,7 @@ method names.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import random
 import time
@@ -59,6 +60,22 @@ class RunState:
     bad_rows: int = 0  # malformed dataset rows skipped
 
 
+@dataclass
+class Parts:
+    """The live objects of a run (built once, shared by the loop's steps)."""
+
+    model: Any
+    tokenizer: Any
+    ref_model: Any  # frozen reference policy, or None when algo.kl_coef == 0
+    engine: HFRolloutEngine
+    runner: RewardRunner
+    sampler: PromptSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    data: TaskData
+    logger: MetricsLogger
+
+
 # ============================================================================ entry point
 
 def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) -> Path:
@@ -72,95 +89,92 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
     model, tokenizer, fresh = (load_model(ckpt / "model", cfg.model) + (False,)) if ckpt else \
         load_or_build(cfg.model, seed=cfg.seed)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
-    reward_name = cfg.reward.name or data.default_reward
-    runner = RewardRunner(reward_name, fn_kwargs=cfg.reward.kwargs, timeout_s=cfg.reward.timeout_s,
-                          failure_score=cfg.reward.failure_score, workers=cfg.reward.workers,
-                          executor=cfg.reward.executor)
-    with runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
-                               resume_step=_step_of(ckpt) if ckpt else None) as logger:
-        engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
-        sampler = PromptSampler(data.train, seed=cfg.seed)
+    with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
+                                                           resume_step=_step_of(ckpt) if ckpt else None) as logger:
         optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
-        scheduler = build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps,
-                                    total_steps=total_optimizer_steps(cfg), schedule=cfg.train.lr_schedule,
-                                    min_lr_ratio=cfg.train.min_lr_ratio)
-        if ckpt:
-            state = restore(ckpt, optimizer, scheduler, engine, sampler)
-        else:
-            state = RunState(bad_rows=len(data.bad_rows))
-            if warm_start_enabled(cfg, fresh):
-                warm_start(cfg, model, tokenizer, data, logger)
-            state.start_eval = state.last_eval = run_eval(cfg, engine, runner, data, run_dir, step=0)
-            logger.log(0, state.start_eval)
-            if cfg.algo.kl_coef > 0:
-                save_model(model, tokenizer, run_dir / "reference")
-        ref_model = load_reference(cfg, run_dir)
-        rl_loop(cfg, run_dir, state, model, tokenizer, ref_model, engine, runner, sampler, optimizer, scheduler,
-                data, logger)
+        parts = Parts(
+            model=model, tokenizer=tokenizer, ref_model=None, runner=runner, data=data, logger=logger,
+            engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size),
+            sampler=PromptSampler(data.train, seed=cfg.seed), optimizer=optimizer,
+            scheduler=build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps,
+                                      total_steps=total_optimizer_steps(cfg), schedule=cfg.train.lr_schedule,
+                                      min_lr_ratio=cfg.train.min_lr_ratio),
+        )
+        state = restore(ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
+        parts.ref_model = load_reference(cfg, run_dir)
+        rl_loop(cfg, run_dir, state, parts)
     finish(cfg, run_dir, state, model, tokenizer)
     return run_dir
 
 
+def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
+    """A new run: optional SFT warm start, the step-0 evaluation, the frozen reference if KL is on."""
+    state = RunState(bad_rows=len(parts.data.bad_rows))
+    if warm_start_enabled(cfg, fresh):
+        warm_start(cfg, parts.model, parts.tokenizer, parts.data, parts.logger)
+    state.start_eval = state.last_eval = run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=0)
+    parts.logger.log(0, state.start_eval)
+    if cfg.algo.kl_coef > 0:
+        save_model(parts.model, parts.tokenizer, run_dir / "reference")
+    return state
+
+
 # ============================================================================ the RL loop
 
-def rl_loop(cfg, run_dir, state, model, tokenizer, ref_model, engine, runner, sampler, optimizer, scheduler,
-            data, logger) -> None:
+def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> None:
     with StepProgress("rl", cfg.train.steps, state.step, enabled=cfg.log.progress,
                       print_every=cfg.log.print_every) as bar:
         bar.update(state.step, state.last_eval)
         while state.step < cfg.train.steps:
             t0 = time.perf_counter()
-            metrics = rl_step(cfg, model, tokenizer, ref_model, engine, runner, sampler, optimizer, scheduler,
-                              step=state.step)
+            metrics = rl_step(cfg, parts, step=state.step)
             state.step += 1
             if eval_due(cfg, state.step):
                 timer = Timer()
                 with timer("eval"):
-                    state.last_eval = run_eval(cfg, engine, runner, data, run_dir, step=state.step)
+                    state.last_eval = run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=state.step)
                 metrics.update(state.last_eval | timer.metrics())
+            state.wall_s += time.perf_counter() - t0
             if checkpoint_due(cfg, state.step):
                 t_ck = time.perf_counter()
-                state.wall_s += time.perf_counter() - t0
-                save_checkpoint(run_dir, state.step, model=model, tokenizer=tokenizer, keep=cfg.checkpoint.keep,
-                                trainer_state=trainer_state(state, optimizer, scheduler, engine, sampler))
+                save_checkpoint(run_dir, state.step, model=parts.model, tokenizer=parts.tokenizer,
+                                keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts))
                 metrics["timing_s/checkpoint"] = time.perf_counter() - t_ck
-            else:
-                state.wall_s += time.perf_counter() - t0
-            logger.log(state.step, metrics)
+            parts.logger.log(state.step, metrics)
             bar.update(state.step, metrics)
 
 
-def rl_step(cfg: RunConfig, model, tokenizer, ref_model, engine, runner, sampler, optimizer, scheduler, *,
-            step: int) -> dict[str, float]:
+def rl_step(cfg: RunConfig, parts: Parts, *, step: int) -> dict[str, float]:
     """One RL step: rollout -> reward -> old log-probs -> advantages -> policy update."""
     timer = Timer()
-    a = cfg.algo
+    a, micro, temperature = cfg.algo, cfg.train.micro_batch_size, cfg.rollout.temperature
     with timer("step"):
         with timer("gen"):
-            prompts = sampler.next_batch(cfg.train.prompts_per_step)
-            trajs = engine.generate(prompts, cfg.rollout.group_size, sampling_params(cfg))
+            prompts = parts.sampler.next_batch(cfg.train.prompts_per_step)
+            trajs = parts.engine.generate(prompts, cfg.rollout.group_size, sampling_params(cfg))
         with timer("reward"):
-            results = runner.score([t.response_text for t in trajs], [t.example for t in trajs])
-        batch = collate(trajs, results, pad_id=tokenizer.pad_token_id)
+            results = parts.runner.score([t.response_text for t in trajs], [t.example for t in trajs])
+        batch = collate(trajs, results, pad_id=parts.tokenizer.pad_token_id)
         with timer("old_logprob"):
-            batch.old_logprobs, batch.entropy = batched_logprobs(
-                model, batch, micro_batch_size=cfg.train.micro_batch_size, temperature=cfg.rollout.temperature,
-                with_entropy=True)
+            batch.old_logprobs, batch.entropy = batched_logprobs(parts.model, batch, micro_batch_size=micro,
+                                                                 temperature=temperature, with_entropy=True)
         rewards, kl_metrics = batch.scores, {}
-        if ref_model is not None:
+        if parts.ref_model is not None:
             with timer("ref"):
-                batch.ref_logprobs, _ = batched_logprobs(ref_model, batch, micro_batch_size=cfg.train.micro_batch_size,
-                                                         temperature=cfg.rollout.temperature)
+                batch.ref_logprobs, _ = batched_logprobs(parts.ref_model, batch, micro_batch_size=micro,
+                                                         temperature=temperature)
             kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.response_mask  # (B, T)
             kl_metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask))
             if a.kl_in_reward:
-                rewards = rewards - a.kl_coef * kl.sum(-1)
+                penalty = a.kl_coef * kl.sum(-1)  # (B,)
+                rewards = rewards - penalty
+                kl_metrics["actor/reward_kl_penalty"] = float(penalty.mean())
         with timer("adv"):
             adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
                                      response_mask=batch.response_mask, **a.advantage_args)
             batch.advantages, batch.returns = adv.advantages, adv.returns
         with timer("update"):
-            update = update_policy(cfg, model, batch, optimizer, scheduler, step=step)
+            update = update_policy(cfg, parts.model, batch, parts.optimizer, parts.scheduler, step=step)
     metrics = rollout_metrics(trajs, results)
     metrics.update(update | kl_metrics | adv.metrics | timer.metrics())
     metrics["actor/entropy"] = float(masked_mean(batch.entropy, batch.response_mask))
@@ -295,6 +309,12 @@ def checkpoint_due(cfg: RunConfig, step: int) -> bool:
     return step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0)
 
 
+def reward_runner(cfg: RunConfig, data: TaskData) -> RewardRunner:
+    r = cfg.reward
+    return RewardRunner(r.name or data.default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
+                        failure_score=r.failure_score, workers=r.workers, executor=r.executor)
+
+
 def load_reference(cfg: RunConfig, run_dir: Path):
     if cfg.algo.kl_coef <= 0:
         return None
@@ -303,26 +323,24 @@ def load_reference(cfg: RunConfig, run_dir: Path):
     return ref
 
 
-def trainer_state(state: RunState, optimizer, scheduler, engine, sampler) -> dict[str, Any]:
-    return {"run": copy.deepcopy(state.__dict__), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "rng": rng_state(), "engine": engine.state_dict(),
-            "sampler": sampler.state_dict()}
+def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
+    return {"run": copy.deepcopy(state.__dict__), "optimizer": parts.optimizer.state_dict(),
+            "scheduler": parts.scheduler.state_dict(), "rng": rng_state(), "engine": parts.engine.state_dict(),
+            "sampler": parts.sampler.state_dict()}
 
 
-def restore(ckpt: Path, optimizer, scheduler, engine, sampler) -> RunState:
+def restore(ckpt: Path, parts: Parts) -> RunState:
     saved = load_trainer_state(ckpt)
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
-    engine.load_state_dict(saved["engine"])
-    sampler.load_state_dict(saved["sampler"])
+    parts.optimizer.load_state_dict(saved["optimizer"])
+    parts.scheduler.load_state_dict(saved["scheduler"])
+    parts.engine.load_state_dict(saved["engine"])
+    parts.sampler.load_state_dict(saved["sampler"])
     set_rng_state(saved["rng"])
     log.info("resumed from %s (step %d)", ckpt, saved["run"]["step"])
     return RunState(**saved["run"])
 
 
 def finish(cfg: RunConfig, run_dir: Path, state: RunState, model, tokenizer) -> None:
-    import json
-
     if cfg.checkpoint.save_final:
         save_model(model, tokenizer, run_dir / "final")
     summary = {"steps": state.step, "train_wall_s": round(state.wall_s, 2), "parameters": num_parameters(model),

@@ -12,8 +12,7 @@ from pathlib import Path
 from credo.config import RunConfig, load_config
 from credo.data.source import load_task_data
 from credo.models import load_model, load_or_build, save_model
-from credo.recipes.rlvr import prepare_run_dir, run_eval, seed_everything, warm_start
-from credo.rewards import RewardRunner
+from credo.recipes.rlvr import prepare_run_dir, reward_runner, run_eval, seed_everything, warm_start
 from credo.rollout import HFRolloutEngine
 from credo.train.metrics import MetricsLogger
 
@@ -27,7 +26,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)
-    with _runner(cfg, data.default_reward) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger:
+    with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
         before = run_eval(cfg, engine, runner, data, run_dir, step=0)
         logger.log(0, before)
@@ -60,7 +59,7 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer = load_model(model_dir, cfg.model)
-    with _runner(cfg, data.default_reward) as runner:
+    with reward_runner(cfg, data) as runner:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
         examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
         from credo.train.evaluate import evaluate
@@ -68,9 +67,3 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
         metrics = evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
     return {"model": str(model_dir), "examples": len(examples), **metrics}
-
-
-def _runner(cfg: RunConfig, default_reward: str) -> RewardRunner:
-    r = cfg.reward
-    return RewardRunner(r.name or default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
-                        failure_score=r.failure_score, workers=r.workers, executor=r.executor)
