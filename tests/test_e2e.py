@@ -162,3 +162,22 @@ def test_sft_eval_report_and_list_commands(tmp_path: Path, capsys):
     out = capsys.readouterr().out
     for name in ("ppo", "grpo", "exact_match", "countdown", "math", "reversal", "addition", "token-mean", "k3"):
         assert name in out
+
+
+def test_kl_against_frozen_reference_in_loss_and_in_reward(tmp_path: Path):
+    base = [*TINY_RUN, "eval.every=0", "log.report=false", "log.tensorboard=false", "algo.kl_coef=0.05",
+            "reward.name=tests.reward_fixtures:length_score", "train.ppo_epochs=2", "train.mini_batch_size=8"]
+    run = tmp_path / "loss"
+    assert main(["-q", "train", "--run-dir", str(run), *base, "train.steps=2", "algo.kl_estimator=k3+"]) == 0
+    assert (run / "reference" / "model.safetensors").is_file()
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "actor/kl" in r]
+    assert len(rows) == 2 and all("actor/kl_loss" in r for r in rows)
+    assert rows[-1]["actor/kl"] > 0  # the policy moved away from the reference
+    # extend the finished run by one step: the reference is reloaded from the run directory
+    assert main(["-q", "train", "--resume", str(run), "train.steps=3"]) == 0
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")][-1] == 3
+    run = tmp_path / "reward"
+    assert main(["-q", "train", "--run-dir", str(run), *base, "train.steps=2", "algo.kl_in_reward=true",
+                 "algo.kl_estimator=k1"]) == 0
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "actor/kl" in r]
+    assert all("actor/reward_kl_penalty" in r and "actor/kl_loss" not in r for r in rows)
