@@ -19,7 +19,7 @@ import torch
 
 from credo.algo import advantages as _advantages  # noqa: F401  (registers estimators)
 from credo.algo import losses as _losses  # noqa: F401  (registers losses)
-from credo.algo.aggregation import AGG_MODES, AggNorm, agg_loss, canonical_agg, masked_mean
+from credo.algo.aggregation import AGG_MODES, AggNorm, agg_loss, canonical_agg, masked_mean, micro_share
 from credo.algo.kl import KL_ESTIMATORS, canonical_kl, kl_penalty
 from credo.algo.logprobs import entropy_from_logits, logprobs_from_logits
 from credo.algo.registry import (
@@ -80,7 +80,7 @@ def compute_policy_loss(
     entry = lookup(POLICY_LOSSES, "policy loss", name)
     check_hparams(POLICY_LOSSES, "policy loss", name, hparams)
     given = {"entropy": entropy, "ref_logprobs": ref_logprobs}
-    missing = [n for n in entry.needs if given.get(n) is None]
+    missing = [n for n in entry.requirements(hparams) if given.get(n) is None]
     if missing:
         raise ValueError(f"policy loss {name!r} needs {', '.join(missing)}")
     mask = response_mask.to(logprobs.dtype)  # (B, T); int, bool and float masks behave the same
@@ -88,9 +88,12 @@ def compute_policy_loss(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, response_mask=mask,
         entropy=entropy, ref_logprobs=ref_logprobs, **hparams,
     )
-    loss = agg_loss(out.loss, mask, entry.forced_agg or agg, norm=norm, loss_scale_factor=loss_scale_factor)
+    mode = entry.forced_agg or agg
+    loss = agg_loss(out.loss, mask, mode, norm=norm, loss_scale_factor=loss_scale_factor)
     metrics = {k: float(masked_mean(v.detach().to(mask.dtype), mask)) for k, v in out.token_metrics.items()}
     metrics.update(out.metrics)
+    if out.aux_loss is not None:
+        loss = loss + micro_share(mask, mode, norm) * out.aux_loss
     return LossOutput(loss=loss, metrics=metrics)
 
 

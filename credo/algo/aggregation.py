@@ -72,6 +72,17 @@ def agg_loss(
     return masked.sum() / _nonzero(norm.scale_factor)
 
 
+def micro_share(response_mask: torch.Tensor, mode: str, norm: AggNorm | None) -> float:
+    """This call's share of the mini-batch: local tokens / N for token modes, local sequences / B for
+    sequence modes; 1 without ``norm``. Shares of the micro-batches of a mini-batch sum to 1."""
+    if norm is None:
+        return 1.0
+    mask = response_mask.float()
+    if canonical_agg(mode) in ("token-mean", "seq-mean-token-sum-norm"):
+        return float(mask.sum()) / _nonzero(norm.num_tokens)
+    return float((mask.sum(-1) > 0).sum()) / _nonzero(norm.num_seqs)
+
+
 def masked_mean(x: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over loss tokens (0 when there are none)."""
     mask = response_mask.to(x.dtype)

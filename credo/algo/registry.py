@@ -36,6 +36,10 @@ class TokenLoss:
     loss: torch.Tensor  # (B, T) per-token loss L_it
     token_metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # (B, T) values, masked-mean'ed
     metrics: dict[str, float] = field(default_factory=dict)  # already-reduced scalars
+    # A scalar term added after aggregation, already a mean over its own token set within this call
+    # (e.g. Archer's KL over low-entropy tokens). compute_policy_loss scales it by this call's share of
+    # the mini-batch, so micro-batch losses still sum to a mini-batch loss (exactly so for one micro-batch).
+    aux_loss: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,14 @@ class Registered:
     fn: Callable[..., Any]
     hparams: dict[str, Any]  # hyperparameter name -> default
     forced_agg: str | None = None  # aggregation the method prescribes regardless of config
-    needs: tuple[str, ...] = ()  # optional tensors the method requires ("entropy", "ref_logprobs", "values")
+    needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = ()  # optional inputs it requires
     doc: str = ""
+
+    def requirements(self, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
+        """Optional inputs needed with these hyperparameters (defaults filled in)."""
+        if callable(self.needs):
+            return tuple(self.needs({**self.hparams, **(hparams or {})}))
+        return tuple(self.needs)
 
 
 POLICY_LOSSES: dict[str, Registered] = {}
@@ -64,12 +74,14 @@ def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[st
 
 
 def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, ...]):
-    def register(name: str, *, forced_agg: str | None = None, needs: tuple[str, ...] = ()):
+    def register(name: str, *, forced_agg: str | None = None,
+                 needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = ()):
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             if name in table and table[name].fn is not fn:
                 raise ValueError(f"{kind} {name!r} is already registered to {table[name].fn.__qualname__}")
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
-            table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg, tuple(needs), doc)
+            table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg,
+                                     needs if callable(needs) else tuple(needs), doc)
             return fn
 
         return deco

@@ -223,7 +223,7 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
 def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm):
     """Policy loss (+ KL loss, - entropy bonus) of one micro-batch, as its share of the mini-batch loss."""
     a = cfg.algo
-    needs_entropy = a.entropy_coef != 0 or "entropy" in POLICY_LOSSES[a.policy_loss].needs
+    needs_entropy = a.entropy_coef != 0 or "entropy" in POLICY_LOSSES[a.policy_loss].requirements(a.policy_loss_args)
     logprobs, entropy = policy_logprobs(model, mb, temperature=cfg.rollout.temperature, with_entropy=needs_entropy)
     mask = mb.response_mask
     out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=mb.old_logprobs,

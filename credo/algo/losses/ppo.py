@@ -1,22 +1,10 @@
-"""Per-token policy losses, registered by name.
-
-Each function returns the per-token loss ``L_it`` (to minimise) and per-token indicator tensors
-for its region metrics; :func:`credo.algo.compute_policy_loss` aggregates. Sign convention
-(``spec/README.md``): ``dL/dlogprob = -A * w`` with ``w`` the region's gradient weight.
-"""
+"""PPO-clip (with clip-higher and dual-clip) and plain policy gradient (GPG)."""
 from __future__ import annotations
 
 import torch
 
+from credo.algo.losses.common import LOG_RATIO_CLAMP, log_ratio
 from credo.algo.registry import TokenLoss, register_policy_loss
-
-LOG_RATIO_CLAMP = 20.0
-
-
-def log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, clamp: float | None = LOG_RATIO_CLAMP) -> torch.Tensor:
-    """delta = logprobs - old_logprobs, clamped to [-clamp, clamp] before any exp (verl convention)."""
-    delta = logprobs - old_logprobs  # (B, T)
-    return delta.clamp(-clamp, clamp) if clamp is not None else delta
 
 
 @register_policy_loss("ppo")
