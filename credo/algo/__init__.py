@@ -21,7 +21,7 @@ from credo.algo import advantages as _advantages  # noqa: F401  (registers estim
 from credo.algo import losses as _losses  # noqa: F401  (registers losses)
 from credo.algo.aggregation import AGG_MODES, AggNorm, agg_loss, canonical_agg, masked_mean, micro_share
 from credo.algo.kl import KL_ESTIMATORS, canonical_kl, kl_penalty
-from credo.algo.logprobs import entropy_from_logits, logprobs_from_logits
+from credo.algo.logprobs import entropy_direction_from_logits, entropy_from_logits, logprobs_from_logits
 from credo.algo.registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -36,7 +36,8 @@ from credo.types import AdvantageOutput, LossOutput
 __all__ = [
     "AGG_MODES", "KL_ESTIMATORS", "AggNorm", "TokenLoss", "agg_loss", "canonical_agg", "canonical_kl",
     "check_advantage_hparams", "check_policy_loss_hparams", "compute_advantages", "compute_policy_loss",
-    "entropy_from_logits", "kl_penalty", "list_advantage_estimators", "list_policy_losses",
+    "advantage_requirements", "entropy_direction_from_logits", "entropy_from_logits", "kl_penalty",
+    "policy_loss_requirements", "list_advantage_estimators", "list_policy_losses",
     "logprobs_from_logits", "masked_mean", "register_advantage", "register_policy_loss",
 ]
 
@@ -47,6 +48,16 @@ def list_policy_losses() -> list[str]:
 
 def list_advantage_estimators() -> list[str]:
     return sorted(ADVANTAGE_ESTIMATORS)
+
+
+def policy_loss_requirements(name: str, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """Optional inputs (``entropy``, ``ref_logprobs``) the loss needs with these hyperparameters."""
+    return lookup(POLICY_LOSSES, "policy loss", name).requirements(hparams)
+
+
+def advantage_requirements(name: str, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """Optional inputs (``values``, ``reward_baselines``, ...) the estimator needs."""
+    return lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name).requirements(hparams)
 
 
 def check_policy_loss_hparams(name: str, hparams: dict[str, Any]) -> None:
@@ -100,16 +111,26 @@ def compute_policy_loss(
 def compute_advantages(
     name: str,
     *,
-    rewards: torch.Tensor,  # (B,)
+    rewards: torch.Tensor,  # (B,) scores or (B, T) token rewards
     group_ids: torch.Tensor,  # (B,)
     response_mask: torch.Tensor,  # (B, T)
-    values: torch.Tensor | None = None,  # (B, T)
+    values: torch.Tensor | None = None,  # (B, T) critic values (gae, evpo)
+    reward_baselines: torch.Tensor | None = None,  # (B,) greedy-response rewards (remax)
+    entropy_direction: torch.Tensor | None = None,  # (B, T) S_k - C of the behaviour policy (papo)
+    entropy_history: list[float] | None = None,  # batch-mean entropies so far (papo)
     **hparams: Any,
 ) -> AdvantageOutput:
-    """Advantages (and returns where defined) of the registered estimator ``name``."""
+    """Advantages (and returns where defined) of the registered estimator ``name``.
+
+    Each estimator receives only the inputs its signature names; one that needs an input that is
+    missing raises ValueError naming it.
+    """
     entry = lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
     check_hparams(ADVANTAGE_ESTIMATORS, "advantage estimator", name, hparams)
-    if "values" in entry.needs and values is None:
-        raise ValueError(f"advantage estimator {name!r} needs values (a critic)")
-    mask = response_mask.float()
-    return entry.fn(rewards=rewards, group_ids=group_ids, response_mask=mask, values=values, **hparams)
+    given = {"rewards": rewards, "group_ids": group_ids, "response_mask": response_mask.float(), "values": values,
+             "reward_baselines": reward_baselines, "entropy_direction": entropy_direction,
+             "entropy_history": entropy_history}
+    missing = [n for n in entry.requirements(hparams) if given.get(n) is None]
+    if missing:
+        raise ValueError(f"advantage estimator {name!r} needs {', '.join(missing)}")
+    return entry.fn(**{k: given[k] for k in entry.inputs}, **hparams)

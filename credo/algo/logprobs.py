@@ -25,3 +25,21 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def entropy_direction_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """D_t = S_k - C, the first-order entropy response to reinforcing the sampled token (B, T, V) -> (B, T).
+
+    With pi = softmax(z), H its entropy and k the sampled token, a logit step dz = eta A (e_k - pi)
+    changes the entropy by dH ~= -eta A (S_k - C), where S_k = pi_k (log pi_k + H) and
+    C = sum_j pi_j^2 (log pi_j + H) = E_{j~pi}[S_j] (``seed-algorithms.md`` §10, PAPO, [derived]).
+    The entropy polarity of a token with advantage A is P = -A D: P > 0 predicts entropy expansion.
+    """
+    logits = _upcast(logits)
+    logp = logits.log_softmax(-1)  # (B, T, V)
+    p = logp.exp()
+    entropy = -(p * logp).sum(-1)  # (B, T)
+    logp_k = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    s_k = logp_k.exp() * (logp_k + entropy)
+    c = (p.square() * (logp + entropy.unsqueeze(-1))).sum(-1)
+    return s_k - c

@@ -26,7 +26,8 @@ from typing import Any, Callable
 import torch
 
 LOSS_TENSOR_ARGS = ("logprobs", "old_logprobs", "advantages", "response_mask", "entropy", "ref_logprobs")
-ADV_TENSOR_ARGS = ("rewards", "group_ids", "response_mask", "values")
+ADV_TENSOR_ARGS = ("rewards", "group_ids", "response_mask", "values", "reward_baselines", "entropy_direction",
+                   "entropy_history")
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Registered:
     forced_agg: str | None = None  # aggregation the method prescribes regardless of config
     needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = ()  # optional inputs it requires
     doc: str = ""
+    inputs: tuple[str, ...] = ()  # the fixed tensor arguments the function accepts
 
     def requirements(self, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
         """Optional inputs needed with these hyperparameters (defaults filled in)."""
@@ -80,8 +82,9 @@ def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, .
             if name in table and table[name].fn is not fn:
                 raise ValueError(f"{kind} {name!r} is already registered to {table[name].fn.__qualname__}")
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
+            accepted = tuple(p for p in inspect.signature(fn).parameters if p in tensor_args)
             table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg,
-                                     needs if callable(needs) else tuple(needs), doc)
+                                     needs if callable(needs) else tuple(needs), doc, accepted)
             return fn
 
         return deco

@@ -1,0 +1,85 @@
+"""PAPO: polarity-aware advantage reweighting (``seed-algorithms.md`` §10; paper only, [derived]).
+
+credo implements the spec's stated reading; every choice below is a hyperparameter.
+
+1. Base advantages A from a group estimator (``base``: grpo, dr_grpo or rloo).
+2. Entropy polarity per token, P_t = -A_t D_t with D_t = S_k - C from the behaviour policy's logits
+   (:func:`credo.algo.logprobs.entropy_direction_from_logits`; the recipe computes it in the
+   old-log-prob pass). P > 0 predicts that reinforcing the token expands entropy.
+3. Phase signal phi from the history of batch-mean entropies H_1..H_s (``phase_fn``):
+   ``relative_to_start``: (H_s - H_1) / H_1;  ``ema_trend``: (H_s - EMA_{s-1}) / H_1 with EMA
+   coefficient ``ema``;  ``none``: 0 (no reweighting).
+4. Branch weights, both kept positive: w_plus = clip(1 - strength phi, w_min, w_max) for P > 0
+   (expansion) and w_minus = clip(1 + strength phi, w_min, w_max) for P <= 0: when entropy falls
+   (phi < 0) expansion is reinforced more, when it is high or rising consolidation is.
+5. ``use="sign"`` applies the branch weight as is; ``use="magnitude"`` scales its deviation from 1 by
+   |P| / mean|P| (capped at 1). Optionally (``renormalize``) mean|A~| is rescaled to mean|A|.
+"""
+from __future__ import annotations
+
+import torch
+
+from credo.algo.registry import ADVANTAGE_ESTIMATORS, register_advantage
+from credo.types import AdvantageOutput
+
+PHASE_FNS = ("relative_to_start", "ema_trend", "none")
+
+
+def papo_phase(history: list[float], phase_fn: str = "relative_to_start", ema: float = 0.9) -> float:
+    """Phase signal from batch-mean entropies, oldest first (the current batch last)."""
+    if phase_fn not in PHASE_FNS:
+        raise ValueError(f"phase_fn must be one of {PHASE_FNS}, got {phase_fn!r}")
+    if phase_fn == "none" or len(history) < 2 or history[0] <= 0:
+        return 0.0
+    if phase_fn == "relative_to_start":
+        return (history[-1] - history[0]) / history[0]
+    trend = history[0]
+    for h in history[1:-1]:
+        trend = ema * trend + (1 - ema) * h
+    return (history[-1] - trend) / history[0]
+
+
+@register_advantage("papo", needs=("entropy_direction", "entropy_history"))
+def papo_advantage(
+    *,
+    rewards: torch.Tensor,  # (B,)
+    group_ids: torch.Tensor,  # (B,)
+    response_mask: torch.Tensor,  # (B, T)
+    entropy_direction: torch.Tensor,  # (B, T) D_t = S_k - C of the behaviour policy
+    entropy_history: list[float],  # batch-mean entropies so far, current batch last
+    base: str = "grpo",
+    norm_std: bool = True,
+    eps: float = 1e-6,
+    phase_fn: str = "relative_to_start",
+    ema: float = 0.9,
+    strength: float = 1.0,
+    w_min: float = 0.5,
+    w_max: float = 2.0,
+    use: str = "sign",
+    renormalize: bool = True,
+) -> AdvantageOutput:
+    """Group advantages reweighted per entropy-polarity branch by the entropy phase (module docstring)."""
+    if base not in ("grpo", "dr_grpo", "rloo"):
+        raise ValueError(f"papo base must be grpo, dr_grpo or rloo, got {base!r}")
+    if use not in ("sign", "magnitude"):
+        raise ValueError(f"papo use must be 'sign' or 'magnitude', got {use!r}")
+    extra = {"norm_std": norm_std, "eps": eps} if base == "grpo" else {}
+    base_out = ADVANTAGE_ESTIMATORS[base].fn(rewards=rewards, group_ids=group_ids, response_mask=response_mask, **extra)
+    adv = base_out.advantages  # (B, T)
+    mask = response_mask.float()
+    polarity = -adv * entropy_direction.float() * mask  # (B, T)
+    phi = papo_phase(entropy_history, phase_fn, ema)
+    w_pos = min(max(1.0 - strength * phi, w_min), w_max)
+    w_neg = min(max(1.0 + strength * phi, w_min), w_max)
+    weight = torch.where(polarity > 0, torch.full_like(adv, w_pos), torch.full_like(adv, w_neg))
+    if use == "magnitude":
+        scale = polarity.abs() / ((polarity.abs() * mask).sum() / mask.sum().clamp(min=1)).clamp(min=1e-12)
+        weight = 1.0 + (weight - 1.0) * scale.clamp(max=1.0)
+    new_adv = adv * weight * mask
+    if renormalize:
+        new_adv = new_adv * (adv.abs().sum() / new_adv.abs().sum().clamp(min=1e-12))
+    n = mask.sum().clamp(min=1)
+    metrics = {"papo/phase": phi, "papo/w_pos": w_pos, "papo/w_neg": w_neg,
+               "papo/frac_expand": float(((polarity > 0).float() * mask).sum() / n),
+               "papo/mean_polarity": float(polarity.sum() / n), **base_out.metrics}
+    return AdvantageOutput(advantages=new_adv, returns=new_adv, metrics=metrics)
