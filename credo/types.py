@@ -84,6 +84,7 @@ class TrainBatch:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
     entropy: torch.Tensor | None = None  # (B, T) from the old-log-prob pass
+    values: torch.Tensor | None = None  # (B, T) critic values at collection time
 
     @property
     def batch_size(self) -> int:

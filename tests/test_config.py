@@ -45,7 +45,7 @@ def test_yaml_roundtrip(tmp_path: Path):
 
 @pytest.mark.parametrize("override, message", [
     (["train.lrr=1"], "unknown key 'train.lrr' (did you mean 'train.lr'?)"),
-    (["lr=1e-3"], "unknown key 'lr' (did you mean 'train.lr'?)"),
+    (["lr=1e-3"], "unknown key 'lr' (did you mean 'train.lr' or 'critic.lr' or 'warm_start.lr'?)"),
     (["train.steps=ten"], "train.steps: expected int, got 'ten'"),
     (["train.steps=1.5"], "train.steps: expected int, got 1.5"),
     (["train.lr=-1"], "train.lr: must be >= 0.0"),

@@ -8,7 +8,7 @@ import torch
 
 from credo.algo import compute_advantages
 from credo.config import load_config
-from credo.recipes.rlvr import update_policy
+from credo.train.update import update_policy
 from credo.rollout import HFRolloutEngine
 from credo.train.batch import collate
 from credo.train.forward import batched_logprobs

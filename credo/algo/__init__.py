@@ -31,6 +31,7 @@ from credo.algo.registry import (
     register_advantage,
     register_policy_loss,
 )
+from credo.algo.value import value_loss
 from credo.types import AdvantageOutput, LossOutput
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
     "check_advantage_hparams", "check_policy_loss_hparams", "compute_advantages", "compute_policy_loss",
     "advantage_requirements", "entropy_direction_from_logits", "entropy_from_logits", "kl_penalty",
     "policy_loss_requirements", "list_advantage_estimators", "list_policy_losses",
-    "logprobs_from_logits", "masked_mean", "register_advantage", "register_policy_loss",
+    "logprobs_from_logits", "masked_mean", "value_loss", "register_advantage", "register_policy_loss",
 ]
 
 

@@ -11,6 +11,7 @@ from credo.config.loader import (
 from credo.config.schema import (
     AlgoConfig,
     CheckpointConfig,
+    CriticConfig,
     EvalConfig,
     LogConfig,
     ModelConfig,
@@ -23,7 +24,7 @@ from credo.config.schema import (
 )
 
 __all__ = [
-    "AlgoConfig", "CheckpointConfig", "ConfigError", "EvalConfig", "LogConfig", "ModelConfig", "RewardConfig",
+    "AlgoConfig", "CheckpointConfig", "ConfigError", "CriticConfig", "EvalConfig", "LogConfig", "ModelConfig", "RewardConfig",
     "RolloutConfig", "RunConfig", "TaskConfig", "TrainConfig", "WarmStartConfig", "config_from_dict",
     "config_to_dict", "dump_config", "load_config", "parse_override", "resolve_preset",
 ]

@@ -150,7 +150,7 @@ def _unknown_key(prefix: str, key: str, siblings: list[str]) -> str:
         return f"unknown key {full!r} (did you mean {prefix + close[0]!r}?)"
     elsewhere = [p for p in _all_paths(RunConfig) if p.rsplit(".", 1)[-1] == key]
     if elsewhere:
-        return f"unknown key {full!r} (did you mean {elsewhere[0]!r}?)"
+        return f"unknown key {full!r} (did you mean {' or '.join(repr(p) for p in elsewhere[:3])}?)"
     scope = f"section {prefix.rstrip('.')!r}" if prefix else "the top level"
     return f"unknown key {full!r}; {scope} has: {', '.join(siblings)}"
 

@@ -68,6 +68,9 @@ class RewardConfig:
     workers: int = opt(2, "verifier worker processes", min=1)
     executor: str = opt("process", "process (isolated, hard timeouts) or inline (in-process)",
                         choices=("process", "inline"))
+    overlong_buffer: int = opt(0, "DAPO soft overlong penalty over the last N tokens before max_new_tokens (0 = off)",
+                               min=0)
+    overlong_penalty: float = opt(1.0, "penalty at max_new_tokens for overlong_buffer", min=0.0)
 
 
 @dataclass
@@ -83,6 +86,25 @@ class AlgoConfig:
     kl_estimator: str = opt("k3", "KL estimator: k1, abs, k2, k3 (+ suffix = straight-through)")
     kl_in_reward: bool = opt(False, "subtract kl_coef * sum_t KL from the sequence reward instead of adding it to the loss")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient (loss -= coef * agg(entropy))")
+    sft_coef: float = opt(0.0, "weight of an NLL term on fully correct responses (GPPO / CE-GPPO recipes: 0.1)",
+                          min=0.0)
+    sft_correct_score: float = opt(1.0, "score that marks a response as fully correct for sft_coef")
+    filter_groups: bool = opt(False, "drop groups whose rewards are all equal (Archer / ASPO rejection sampling)")
+    dynamic_sampling: bool = opt(False, "DAPO: refill dropped groups by generating more, up to max_gen_batches")
+    max_gen_batches: int = opt(3, "generation rounds per step allowed by dynamic_sampling", min=1)
+    top_entropy_quantile: float = opt(1.0, "train only on the top fraction of tokens by entropy (forking tokens; "
+                                           "1.0 = all)", min=0.0, max=1.0)
+
+
+@dataclass
+class CriticConfig:
+    enabled: bool | None = opt(None, "train a critic (value model); null = when the advantage estimator needs values")
+    path: str | None = opt(None, "saved critic directory to start from; null = initialise from the policy backbone")
+    lr: float = opt(1e-3, "critic AdamW learning rate", min=0.0)
+    weight_decay: float = opt(0.0, "critic AdamW weight decay", min=0.0)
+    grad_clip: float = opt(1.0, "critic max gradient norm (0 = off)", min=0.0)
+    cliprange_value: float = opt(0.5, "value clipping range around the values at collection time", min=0.0)
+    warmup_steps: int = opt(0, "RL steps that train only the critic (verl critic_warmup)", min=0)
 
 
 @dataclass
@@ -145,6 +167,7 @@ class RunConfig:
     reward: RewardConfig = opt(None, factory=RewardConfig)
     algo: AlgoConfig = opt(None, factory=AlgoConfig)
     train: TrainConfig = opt(None, factory=TrainConfig)
+    critic: CriticConfig = opt(None, factory=CriticConfig)
     warm_start: WarmStartConfig = opt(None, factory=WarmStartConfig)
     eval: EvalConfig = opt(None, factory=EvalConfig)
     checkpoint: CheckpointConfig = opt(None, factory=CheckpointConfig)

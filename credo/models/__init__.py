@@ -8,7 +8,8 @@ from credo.models.build import (
     quiet_transformers,
     save_model,
 )
+from credo.models.value import ValueModel
 from credo.models.tokenizer import build_char_tokenizer, encode_prompt, encode_response
 
-__all__ = ["build_char_tokenizer", "encode_prompt", "encode_response", "build_model", "load_model", "load_or_build", "load_tokenizer", "num_parameters",
+__all__ = ["ValueModel", "build_char_tokenizer", "encode_prompt", "encode_response", "build_model", "load_model", "load_or_build", "load_tokenizer", "num_parameters",
            "quiet_transformers", "save_model"]

@@ -1,49 +1,56 @@
 """RL with verifiable rewards: the training recipe, top to bottom.
 
     for each step:
-        prompts      = sampler.next_batch(...)                       # credo.data
-        trajectories = engine.generate(prompts, group_size, ...)     # credo.rollout
-        rewards      = runner.score(responses, examples)             # credo.rewards
-        old_logprobs = batched_logprobs(model, batch)                # credo.train.forward
-        advantages   = compute_advantages(estimator, ...)            # credo.algo
-        update_policy: epochs x mini-batches x micro-batches of compute_policy_loss -> AdamW step
+        rollouts     = collect_rollouts(engine, runner, sampler, ...)   # credo.rollout + credo.rewards
+        old_logprobs = batched_logprobs(model, batch, stats=...)        # credo.train.forward
+        values       = batched_values(critic, batch)                    # if a critic is trained
+        advantages   = compute_advantages(estimator, ...)               # credo.algo
+        update_critic(...); update_policy(...)                          # credo.train.update
         metrics -> metrics.jsonl / TensorBoard; periodic eval; atomic checkpoint
 
-Which estimator, loss and aggregation run is configuration (``algo.*``); nothing here branches on
+Which estimator, loss, aggregation and recipe pieces run is configuration (``algo.*``,
+``critic.*``); the recipe asks the registries what inputs a method needs and never branches on
 method names.
 """
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import logging
-import random
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from credo.algo import AggNorm, agg_loss, compute_advantages, compute_policy_loss, kl_penalty, masked_mean
-from credo.algo.registry import POLICY_LOSSES
-from credo.config import RunConfig, dump_config
+from credo.algo import advantage_requirements, compute_advantages, kl_penalty, masked_mean, policy_loss_requirements
+from credo.config import RunConfig
 from credo.data import PromptSampler
 from credo.data.source import TaskData, load_task_data
-from credo.models import load_model, load_or_build, num_parameters, save_model
+from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
+from credo.recipes.common import (
+    prepare_run_dir,
+    reward_runner,
+    run_eval,
+    sampling_params,
+    save_final,
+    seed_everything,
+    warm_start,
+    warm_start_enabled,
+    write_summary,
+)
 from credo.rewards import RewardRunner
 from credo.rollout import HFRolloutEngine
 from credo.train.batch import collate
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
-from credo.train.evaluate import evaluate
-from credo.train.forward import batched_logprobs, policy_logprobs
+from credo.train.forward import batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
-from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
+from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.progress import StepProgress
-from credo.train.sft import run_sft
-from credo.train.stats import MetricAccumulator, Timer, rollout_metrics
+from credo.train.sampling import collect_rollouts
+from credo.train.stats import Timer
+from credo.train.update import update_critic, update_policy
 from credo.types import SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -51,13 +58,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunState:
-    """What a checkpoint restores besides model and optimizer."""
+    """What a checkpoint restores besides models and optimizers."""
 
     step: int = 0
     start_eval: dict[str, float] = field(default_factory=dict)  # held-out metrics before RL
     last_eval: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0  # training wall time summed over (resumed) segments
     bad_rows: int = 0  # malformed dataset rows skipped
+    entropy_history: list[float] = field(default_factory=list)  # batch-mean entropy per step
 
 
 @dataclass
@@ -66,7 +74,6 @@ class Parts:
 
     model: Any
     tokenizer: Any
-    ref_model: Any  # frozen reference policy, or None when algo.kl_coef == 0
     engine: HFRolloutEngine
     runner: RewardRunner
     sampler: PromptSampler
@@ -74,6 +81,10 @@ class Parts:
     scheduler: Any
     data: TaskData
     logger: MetricsLogger
+    ref_model: Any = None  # frozen reference policy when a KL term needs one
+    critic: ValueModel | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    critic_scheduler: Any = None
 
 
 # ============================================================================ entry point
@@ -93,29 +104,32 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
                                                            resume_step=_step_of(ckpt) if ckpt else None) as logger:
         optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
         parts = Parts(
-            model=model, tokenizer=tokenizer, ref_model=None, runner=runner, data=data, logger=logger,
+            model=model, tokenizer=tokenizer, runner=runner, data=data, logger=logger, optimizer=optimizer,
             engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size),
-            sampler=PromptSampler(data.train, seed=cfg.seed), optimizer=optimizer,
-            scheduler=build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps,
-                                      total_steps=total_optimizer_steps(cfg), schedule=cfg.train.lr_schedule,
-                                      min_lr_ratio=cfg.train.min_lr_ratio),
+            sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
         )
-        state = restore(ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
+        state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, run_dir)
         rl_loop(cfg, run_dir, state, parts)
-    finish(cfg, run_dir, state, model, tokenizer)
+    save_final(cfg, run_dir, model, tokenizer)
+    write_summary(cfg, run_dir, model, start_eval=state.start_eval, last_eval=state.last_eval,
+                  extra={"steps": state.step, "train_wall_s": round(state.wall_s, 2), "data/bad_rows": state.bad_rows})
     return run_dir
 
 
 def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
-    """A new run: optional SFT warm start, the step-0 evaluation, the frozen reference if KL is on."""
+    """A new run: optional SFT warm start, the step-0 evaluation, the frozen reference and critic."""
     state = RunState(bad_rows=len(parts.data.bad_rows))
     if warm_start_enabled(cfg, fresh):
         warm_start(cfg, parts.model, parts.tokenizer, parts.data, parts.logger)
     state.start_eval = state.last_eval = run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=0)
     parts.logger.log(0, state.start_eval)
-    if cfg.algo.kl_coef > 0:
+    if needs_reference(cfg):
         save_model(parts.model, parts.tokenizer, run_dir / "reference")
+    if needs_critic(cfg):
+        critic = ValueModel.load(cfg.critic.path, cfg.model.device) if cfg.critic.path else \
+            ValueModel.from_policy(parts.model)
+        attach_critic(cfg, parts, critic)
     return state
 
 
@@ -127,7 +141,7 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
         bar.update(state.step, state.last_eval)
         while state.step < cfg.train.steps:
             t0 = time.perf_counter()
-            metrics = rl_step(cfg, parts, step=state.step)
+            metrics = rl_step(cfg, parts, state, step=state.step)
             state.step += 1
             if eval_due(cfg, state.step):
                 timer = Timer()
@@ -138,167 +152,152 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
             if checkpoint_due(cfg, state.step):
                 t_ck = time.perf_counter()
                 save_checkpoint(run_dir, state.step, model=parts.model, tokenizer=parts.tokenizer,
-                                keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts))
+                                keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts),
+                                critic=parts.critic)
                 metrics["timing_s/checkpoint"] = time.perf_counter() - t_ck
             parts.logger.log(state.step, metrics)
             bar.update(state.step, metrics)
 
 
-def rl_step(cfg: RunConfig, parts: Parts, *, step: int) -> dict[str, float]:
-    """One RL step: rollout -> reward -> old log-probs -> advantages -> policy update."""
+def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict[str, float]:
+    """One RL step: rollout -> reward -> old log-probs (+ values) -> advantages -> critic and policy updates."""
     timer = Timer()
     a, micro, temperature = cfg.algo, cfg.train.micro_batch_size, cfg.rollout.temperature
     with timer("step"):
-        with timer("gen"):
-            prompts = parts.sampler.next_batch(cfg.train.prompts_per_step)
-            trajs = parts.engine.generate(prompts, cfg.rollout.group_size, sampling_params(cfg))
-        with timer("reward"):
-            results = parts.runner.score([t.response_text for t in trajs], [t.example for t in trajs])
-        batch = collate(trajs, results, pad_id=parts.tokenizer.pad_token_id)
+        rollouts = collect_rollouts(
+            parts.engine, parts.runner, parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
+            group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
+            dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
+            overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
+        metrics = rollouts.metrics
+        if not rollouts.trajs:  # every group was filtered out: nothing to learn from this step
+            return metrics | timer.metrics() | {"train/skipped_step": 1}
+        batch = collate(rollouts.trajs, rollouts.results, pad_id=parts.tokenizer.pad_token_id)
+        adv_needs = advantage_requirements(a.advantage, a.advantage_args)
         with timer("old_logprob"):
-            batch.old_logprobs, batch.entropy = batched_logprobs(parts.model, batch, micro_batch_size=micro,
-                                                                 temperature=temperature, with_entropy=True)
-        rewards, kl_metrics = batch.scores, {}
-        if parts.ref_model is not None:
-            with timer("ref"):
-                batch.ref_logprobs, _ = batched_logprobs(parts.ref_model, batch, micro_batch_size=micro,
-                                                         temperature=temperature)
-            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.response_mask  # (B, T)
-            kl_metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask))
-            if a.kl_in_reward:
-                penalty = a.kl_coef * kl.sum(-1)  # (B,)
-                rewards = rewards - penalty
-                kl_metrics["actor/reward_kl_penalty"] = float(penalty.mean())
+            stats = ("entropy", "entropy_direction") if "entropy_direction" in adv_needs else ("entropy",)
+            batch.old_logprobs, token_stats = batched_logprobs(parts.model, batch, micro_batch_size=micro,
+                                                               temperature=temperature, stats=stats)
+            batch.entropy = token_stats["entropy"]
+        state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
+        if parts.critic is not None:
+            with timer("values"):
+                batch.values = batched_values(parts.critic, batch, micro_batch_size=micro)
+        rewards = apply_reference(cfg, parts, batch, metrics, timer)
         with timer("adv"):
+            inputs = advantage_inputs(cfg, parts, batch, rollouts.trajs, adv_needs, token_stats, state, timer)
             adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
-                                     response_mask=batch.response_mask, **a.advantage_args)
+                                     response_mask=batch.response_mask, **inputs, **a.advantage_args)
             batch.advantages, batch.returns = adv.advantages, adv.returns
-        with timer("update"):
-            update = update_policy(cfg, parts.model, batch, parts.optimizer, parts.scheduler, step=step)
-    metrics = rollout_metrics(trajs, results)
-    metrics.update(update | kl_metrics | adv.metrics | timer.metrics())
-    metrics["actor/entropy"] = float(masked_mean(batch.entropy, batch.response_mask))
-    metrics["advantages/abs_mean"] = float(masked_mean(batch.advantages.abs(), batch.response_mask))
-    n_resp = float(batch.response_mask.sum())
-    n_total = n_resp + sum(len(t.prompt_ids) for t in trajs)
-    metrics["perf/tokens_per_s"] = n_total / max(timer.seconds["step"], 1e-9)
-    metrics["perf/gen_tokens_per_s"] = n_resp / max(timer.seconds["gen"], 1e-9)
-    metrics["perf/response_tokens"] = n_resp
+        if parts.critic is not None:
+            with timer("update_critic"):
+                metrics.update(update_critic(cfg, parts.critic, batch, parts.critic_optimizer,
+                                             parts.critic_scheduler, step=step))
+        if step >= cfg.critic.warmup_steps or parts.critic is None:
+            with timer("update"):
+                metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, batch, metrics), parts.optimizer,
+                                             parts.scheduler, step=step))
+    metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer))
     return metrics
 
 
-def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:
-    """PPO epochs over mini-batches (one optimizer step each) of micro-batches (gradient accumulation).
-
-    Each mini-batch's aggregation normalisers are computed once (:class:`AggNorm`), so the summed
-    micro-batch losses equal the mini-batch loss whatever the micro-batch size.
-    """
-    t, a = cfg.train, cfg.algo
-    size = batch.batch_size
-    mini = t.mini_batch_size or size
-    micro = t.micro_batch_size or mini
-    acc = MetricAccumulator()
-    model.train()
-    for epoch in range(t.ppo_epochs):
-        order = torch.arange(size)
-        if mini < size:  # shuffle mini-batch membership, reproducibly per (seed, step, epoch)
-            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch)
-            order = torch.randperm(size, generator=gen)
-        for mb_rows in order.split(mini):
-            mb = batch.select(mb_rows)
-            norm = AggNorm.of(mb.response_mask, a.loss_scale_factor if a.loss_scale_factor else None)
-            lr = scheduler.get_last_lr()[0]
-            for micro_rows in torch.arange(len(mb_rows)).split(micro):
-                mbatch = mb.select(micro_rows)
-                loss, per_update, weighted = actor_loss(cfg, model, mbatch, norm)
-                loss.backward()
-                acc.add_per_update(per_update)
-                acc.add_weighted(weighted, weight=float(mbatch.response_mask.sum()))
-            grad_norm = clip_and_step(model, optimizer, scheduler, t.grad_clip)
-            acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr})
-            acc.end_update()
-    return acc.result()
-
-
-def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm):
-    """Policy loss (+ KL loss, - entropy bonus) of one micro-batch, as its share of the mini-batch loss."""
+def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: dict, timer: Timer) -> torch.Tensor:
+    """Reference log-probs when a KL term needs them; returns the rewards (KL-penalised if kl_in_reward)."""
     a = cfg.algo
-    needs_entropy = a.entropy_coef != 0 or "entropy" in POLICY_LOSSES[a.policy_loss].requirements(a.policy_loss_args)
-    logprobs, entropy = policy_logprobs(model, mb, temperature=cfg.rollout.temperature, with_entropy=needs_entropy)
-    mask = mb.response_mask
-    out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=mb.old_logprobs,
-                              advantages=mb.advantages, response_mask=mask, entropy=entropy,
-                              ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm, **a.policy_loss_args)
-    loss = out.loss
-    per_update = {"actor/pg_loss": float(out.loss.detach())}
-    if a.kl_coef > 0 and not a.kl_in_reward:
-        kl_loss = agg_loss(kl_penalty(logprobs, mb.ref_logprobs, a.kl_estimator), mask, a.agg, norm=norm)
-        loss = loss + a.kl_coef * kl_loss
-        per_update["actor/kl_loss"] = float(kl_loss.detach())
-    if a.entropy_coef != 0:
-        ent_loss = agg_loss(entropy, mask, a.agg, norm=norm)
-        loss = loss - a.entropy_coef * ent_loss
-        per_update["actor/entropy_loss"] = float(ent_loss.detach())
-    return loss, per_update, {f"actor/{k}": v for k, v in out.metrics.items()}
+    if parts.ref_model is None:
+        return batch.scores
+    with timer("ref"):
+        batch.ref_logprobs, _ = batched_logprobs(parts.ref_model, batch, micro_batch_size=cfg.train.micro_batch_size,
+                                                 temperature=cfg.rollout.temperature)
+    kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.response_mask  # (B, T)
+    metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask))
+    if not (a.kl_in_reward and a.kl_coef > 0):
+        return batch.scores
+    penalty = a.kl_coef * kl.sum(-1)  # (B,)
+    metrics["actor/reward_kl_penalty"] = float(penalty.mean())
+    return batch.scores - penalty
+
+
+def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, needs: tuple[str, ...],
+                     token_stats: dict[str, torch.Tensor], state: RunState, timer: Timer) -> dict[str, Any]:
+    """The optional inputs the configured estimator declares it needs, and only those."""
+    providers = {
+        "values": lambda: batch.values,
+        "entropy_direction": lambda: token_stats["entropy_direction"],
+        "entropy_history": lambda: list(state.entropy_history),
+        "reward_baselines": lambda: greedy_baselines(cfg, parts, trajs, timer),
+    }
+    return {name: providers[name]() for name in needs}
+
+
+def greedy_baselines(cfg: RunConfig, parts: Parts, trajs, timer: Timer) -> torch.Tensor:
+    """ReMax baseline: the score of one greedy response per prompt, repeated over the prompt's samples."""
+    first = {}
+    for t in trajs:
+        first.setdefault(t.group_id, t.example)
+    with timer("gen_baseline"):
+        greedy = parts.engine.generate(list(first.values()), 1,
+                                       SamplingParams(greedy=True, max_new_tokens=cfg.rollout.max_new_tokens))
+        scores = parts.runner.score([g.response_text for g in greedy], [g.example for g in greedy])
+    by_group = dict(zip(first, (s.score for s in scores)))
+    return torch.tensor([by_group[t.group_id] for t in trajs], dtype=torch.float32)
+
+
+def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatch:
+    """Restrict the policy loss to the top-q entropy tokens ("forking tokens") when configured."""
+    q = cfg.algo.top_entropy_quantile
+    if q >= 1.0:
+        return batch
+    valid = batch.response_mask.bool()
+    threshold = torch.quantile(batch.entropy[valid].double(), 1.0 - q) if valid.any() else 0.0
+    keep = valid & (batch.entropy >= threshold)
+    metrics["token_select/frac"] = float(keep.sum()) / max(float(valid.sum()), 1.0)
+    return dataclasses.replace(batch, response_mask=keep.float())
+
+
+def step_metrics(batch: TrainBatch, trajs, timer: Timer) -> dict[str, float]:
+    n_resp = float(batch.response_mask.sum())
+    n_total = n_resp + sum(len(t.prompt_ids) for t in trajs)
+    out = {"actor/entropy": float(masked_mean(batch.entropy, batch.response_mask)),
+           "advantages/abs_mean": float(masked_mean(batch.advantages.abs(), batch.response_mask)),
+           "perf/tokens_per_s": n_total / max(timer.seconds["step"], 1e-9),
+           "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp}
+    if batch.values is not None:
+        from credo.algo.advantages import explained_variance
+
+        out["critic/vf_explained_var"] = explained_variance(batch.returns, batch.values, batch.response_mask)
+        out["critic/values_mean"] = float(masked_mean(batch.values, batch.response_mask))
+    return out
 
 
 # ============================================================================ pieces of the run
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool) -> Path:
-    if run_dir is None:
-        name = cfg.run_name or f"{cfg.task.name}-{cfg.algo.policy_loss}-{datetime.now():%Y%m%d-%H%M%S}"
-        run_dir = Path(cfg.output_dir) / name
-    run_dir = Path(run_dir)
-    if not resume and latest_checkpoint(run_dir) is not None:
-        raise FileExistsError(f"{run_dir} already holds a run with checkpoints; use --resume {run_dir} "
-                              f"or choose another run_name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "config.yaml")
-    return run_dir
+def needs_reference(cfg: RunConfig) -> bool:
+    a = cfg.algo
+    return a.kl_coef > 0 or "ref_logprobs" in policy_loss_requirements(a.policy_loss, a.policy_loss_args)
 
 
-def seed_everything(seed: int, threads: int | None = None) -> None:
-    if threads:
-        torch.set_num_threads(threads)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+def needs_critic(cfg: RunConfig) -> bool:
+    if cfg.critic.enabled is not None:
+        return cfg.critic.enabled
+    return "values" in advantage_requirements(cfg.algo.advantage, cfg.algo.advantage_args)
 
 
-def sampling_params(cfg: RunConfig) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+def attach_critic(cfg: RunConfig, parts: Parts, critic: ValueModel) -> None:
+    c = cfg.critic
+    parts.critic = critic
+    parts.critic_optimizer = build_optimizer(critic, lr=c.lr, weight_decay=c.weight_decay, betas=cfg.train.betas)
+    parts.critic_scheduler = _scheduler(cfg, parts.critic_optimizer)
+
+
+def _scheduler(cfg: RunConfig, optimizer):
+    return build_scheduler(optimizer, warmup_steps=cfg.train.warmup_steps, total_steps=total_optimizer_steps(cfg),
+                           schedule=cfg.train.lr_schedule, min_lr_ratio=cfg.train.min_lr_ratio)
 
 
 def total_optimizer_steps(cfg: RunConfig) -> int:
     batch = cfg.train.prompts_per_step * cfg.rollout.group_size
-    return cfg.train.steps * cfg.train.ppo_epochs * (batch // (cfg.train.mini_batch_size or batch))
-
-
-def warm_start_enabled(cfg: RunConfig, fresh: bool) -> bool:
-    enabled = cfg.warm_start.enabled
-    return (fresh if enabled is None else enabled) and cfg.warm_start.steps > 0
-
-
-def warm_start(cfg: RunConfig, model, tokenizer, data: TaskData, logger: MetricsLogger) -> None:
-    w = cfg.warm_start
-    log.info("warm start: %d SFT steps on task demonstrations", w.steps)
-    with StepProgress("warm start (SFT)", w.steps, enabled=cfg.log.progress, print_every=cfg.log.print_every) as bar:
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            logger.log(step, metrics, file="warm_start.jsonl")
-            bar.update(step, metrics)
-
-        run_sft(model, tokenizer, data.train, data.demonstration, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
-                warmup_steps=w.warmup_steps, seed=cfg.seed, grad_clip=cfg.train.grad_clip, on_step=on_step)
-
-
-def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, step: int) -> dict[str, float]:
-    examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
-    if not examples:
-        return {}
-    return evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                    max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed * 7919 + step,
-                    samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
+    return cfg.train.steps * cfg.train.ppo_epochs * max(batch // (cfg.train.mini_batch_size or batch), 1)
 
 
 def eval_due(cfg: RunConfig, step: int) -> bool:
@@ -309,14 +308,8 @@ def checkpoint_due(cfg: RunConfig, step: int) -> bool:
     return step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0)
 
 
-def reward_runner(cfg: RunConfig, data: TaskData) -> RewardRunner:
-    r = cfg.reward
-    return RewardRunner(r.name or data.default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
-                        failure_score=r.failure_score, workers=r.workers, executor=r.executor)
-
-
 def load_reference(cfg: RunConfig, run_dir: Path):
-    if cfg.algo.kl_coef <= 0:
+    if not needs_reference(cfg):
         return None
     ref, _ = load_model(run_dir / "reference", cfg.model)
     ref.eval().requires_grad_(False)
@@ -324,39 +317,28 @@ def load_reference(cfg: RunConfig, run_dir: Path):
 
 
 def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
-    return {"run": copy.deepcopy(state.__dict__), "optimizer": parts.optimizer.state_dict(),
-            "scheduler": parts.scheduler.state_dict(), "rng": rng_state(), "engine": parts.engine.state_dict(),
-            "sampler": parts.sampler.state_dict()}
+    saved = {"run": copy.deepcopy(state.__dict__), "optimizer": parts.optimizer.state_dict(),
+             "scheduler": parts.scheduler.state_dict(), "rng": rng_state(), "engine": parts.engine.state_dict(),
+             "sampler": parts.sampler.state_dict()}
+    if parts.critic is not None:
+        saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
+        saved["critic_scheduler"] = parts.critic_scheduler.state_dict()
+    return saved
 
 
-def restore(ckpt: Path, parts: Parts) -> RunState:
+def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
     saved = load_trainer_state(ckpt)
     parts.optimizer.load_state_dict(saved["optimizer"])
     parts.scheduler.load_state_dict(saved["scheduler"])
     parts.engine.load_state_dict(saved["engine"])
     parts.sampler.load_state_dict(saved["sampler"])
+    if (ckpt / "critic").is_dir():
+        attach_critic(cfg, parts, ValueModel.load(ckpt / "critic", cfg.model.device))
+        parts.critic_optimizer.load_state_dict(saved["critic_optimizer"])
+        parts.critic_scheduler.load_state_dict(saved["critic_scheduler"])
     set_rng_state(saved["rng"])
     log.info("resumed from %s (step %d)", ckpt, saved["run"]["step"])
     return RunState(**saved["run"])
-
-
-def finish(cfg: RunConfig, run_dir: Path, state: RunState, model, tokenizer) -> None:
-    if cfg.checkpoint.save_final:
-        save_model(model, tokenizer, run_dir / "final")
-    summary = {"steps": state.step, "train_wall_s": round(state.wall_s, 2), "parameters": num_parameters(model),
-               "data/bad_rows": state.bad_rows}
-    for key, value in state.start_eval.items():
-        summary[f"start/{key}"] = value
-    for key, value in state.last_eval.items():
-        summary[f"final/{key}"] = value
-    if "eval/greedy_acc" in state.start_eval and "eval/greedy_acc" in state.last_eval:
-        summary["greedy_acc_gain_points"] = round(100 * (state.last_eval["eval/greedy_acc"]
-                                                         - state.start_eval["eval/greedy_acc"]), 2)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if cfg.log.report:
-        from credo.report import write_report
-
-        write_report(run_dir)
 
 
 def _step_of(ckpt: Path) -> int:

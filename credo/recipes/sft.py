@@ -6,13 +6,19 @@ model.path=RUN_DIR/final`` can start from.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from credo.config import RunConfig, load_config
 from credo.data.source import load_task_data
 from credo.models import load_model, load_or_build, save_model
-from credo.recipes.rlvr import prepare_run_dir, reward_runner, run_eval, seed_everything, warm_start
+from credo.recipes.common import (
+    prepare_run_dir,
+    reward_runner,
+    run_eval,
+    seed_everything,
+    warm_start,
+    write_summary,
+)
 from credo.rollout import HFRolloutEngine
 from credo.train.metrics import MetricsLogger
 
@@ -34,12 +40,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
         after = run_eval(cfg, engine, runner, data, run_dir, step=cfg.warm_start.steps)
         logger.log(cfg.warm_start.steps, after)
     save_model(model, tokenizer, run_dir / "final")
-    summary = {f"start/{k}": v for k, v in before.items()} | {f"final/{k}": v for k, v in after.items()}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if cfg.log.report:
-        from credo.report import write_report
-
-        write_report(run_dir)
+    write_summary(cfg, run_dir, model, start_eval=before, last_eval=after, extra={"sft_steps": cfg.warm_start.steps})
     return run_dir
 
 

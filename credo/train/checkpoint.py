@@ -4,6 +4,7 @@ Layout of ``RUN_DIR/checkpoints/``::
 
     step_000040/            complete checkpoint
         model/              Hugging Face directory (config.json, model.safetensors, tokenizer files)
+        critic/             value model (backbone + value_head.safetensors), when a critic is trained
         trainer_state.pt    step, optimizer, scheduler, RNG states, data position, engine RNG, counters
         COMPLETE            marker written last
     latest                  text file naming the newest complete checkpoint
@@ -38,7 +39,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state: dict[str, Any], keep: int,
+                    critic=None) -> Path:
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
@@ -46,6 +48,8 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
     if tmp.exists():
         shutil.rmtree(tmp)
     save_model(model, tokenizer, tmp / "model")
+    if critic is not None:
+        critic.save(tmp / "critic")
     torch.save(trainer_state, tmp / "trainer_state.pt")
     _write_synced(tmp / "COMPLETE", name)
     final = root / name

@@ -1,0 +1,101 @@
+"""Pieces shared by the recipes: run directory, seeding, warm start, evaluation, summary."""
+from __future__ import annotations
+
+import json
+import logging
+import random
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from credo.config import RunConfig, dump_config
+from credo.data.source import TaskData
+from credo.models import num_parameters, save_model
+from credo.rewards import RewardRunner
+from credo.train.checkpoint import latest_checkpoint
+from credo.train.evaluate import evaluate
+from credo.train.metrics import MetricsLogger
+from credo.train.progress import StepProgress
+from credo.train.sft import run_sft
+from credo.types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool) -> Path:
+    if run_dir is None:
+        name = cfg.run_name or f"{cfg.task.name}-{cfg.algo.policy_loss}-{datetime.now():%Y%m%d-%H%M%S}"
+        run_dir = Path(cfg.output_dir) / name
+    run_dir = Path(run_dir)
+    if not resume and latest_checkpoint(run_dir) is not None:
+        raise FileExistsError(f"{run_dir} already holds a run with checkpoints; use --resume {run_dir} "
+                              f"or choose another run_name")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    return run_dir
+
+
+def seed_everything(seed: int, threads: int | None = None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+
+
+def reward_runner(cfg: RunConfig, data: TaskData) -> RewardRunner:
+    r = cfg.reward
+    return RewardRunner(r.name or data.default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
+                        failure_score=r.failure_score, workers=r.workers, executor=r.executor)
+
+
+def warm_start_enabled(cfg: RunConfig, fresh: bool) -> bool:
+    enabled = cfg.warm_start.enabled
+    return (fresh if enabled is None else enabled) and cfg.warm_start.steps > 0
+
+
+def warm_start(cfg: RunConfig, model, tokenizer, data: TaskData, logger: MetricsLogger) -> None:
+    w = cfg.warm_start
+    log.info("warm start: %d SFT steps on task demonstrations", w.steps)
+    with StepProgress("warm start (SFT)", w.steps, enabled=cfg.log.progress, print_every=cfg.log.print_every) as bar:
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            logger.log(step, metrics, file="warm_start.jsonl")
+            bar.update(step, metrics)
+
+        run_sft(model, tokenizer, data.train, data.demonstration, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
+                warmup_steps=w.warmup_steps, seed=cfg.seed, grad_clip=cfg.train.grad_clip, on_step=on_step)
+
+
+def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, step: int) -> dict[str, float]:
+    examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
+    if not examples:
+        return {}
+    return evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
+                    max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed * 7919 + step,
+                    samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
+
+
+def write_summary(cfg: RunConfig, run_dir: Path, model, *, start_eval: dict, last_eval: dict, extra: dict) -> None:
+    """``summary.json`` (start and final held-out metrics, greedy gain) and, if enabled, the report."""
+    summary = {**extra, "parameters": num_parameters(model)}
+    summary.update({f"start/{k}": v for k, v in start_eval.items()})
+    summary.update({f"final/{k}": v for k, v in last_eval.items()})
+    if "eval/greedy_acc" in start_eval and "eval/greedy_acc" in last_eval:
+        summary["greedy_acc_gain_points"] = round(100 * (last_eval["eval/greedy_acc"] - start_eval["eval/greedy_acc"]), 2)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.log.report:
+        from credo.report import write_report
+
+        write_report(run_dir)
+
+
+def save_final(cfg: RunConfig, run_dir: Path, model, tokenizer) -> None:
+    if cfg.checkpoint.save_final:
+        save_model(model, tokenizer, run_dir / "final")

@@ -1,0 +1,105 @@
+"""The optimisation inner loops: policy (PPO epochs x mini-batches x micro-batches) and critic.
+
+Each mini-batch's aggregation normalisers are computed once (:class:`AggNorm`), so the summed
+micro-batch losses equal the mini-batch loss whatever the micro-batch size (gradient accumulation
+is exact). Mini-batch membership is shuffled reproducibly per (seed, step, epoch) when there is
+more than one mini-batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from credo.algo import AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_requirements, value_loss
+from credo.config import RunConfig
+from credo.train.forward import policy_logprobs, response_values
+from credo.train.optim import clip_and_step
+from credo.train.stats import MetricAccumulator
+from credo.types import TrainBatch
+
+
+def minibatches(cfg: RunConfig, batch: TrainBatch, *, step: int):
+    """Yield (mini-batch, its micro-batches) for every PPO epoch."""
+    t = cfg.train
+    size = batch.batch_size
+    mini = min(t.mini_batch_size or size, size)
+    micro = t.micro_batch_size or mini
+    for epoch in range(t.ppo_epochs):
+        order = torch.arange(size)
+        if mini < size:
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch))
+        for rows in order.split(mini):
+            mb = batch.select(rows)
+            yield mb, [mb.select(r) for r in torch.arange(len(rows)).split(micro)]
+
+
+def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:
+    """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
+    a = cfg.algo
+    acc = MetricAccumulator()
+    model.train()
+    for mb, micros in minibatches(cfg, batch, step=step):
+        norm = AggNorm.of(mb.response_mask, a.loss_scale_factor)
+        correct = correct_mask(mb, a.sft_correct_score) if a.sft_coef > 0 else None
+        sft_norm = AggNorm.of(correct) if correct is not None else None
+        lr = scheduler.get_last_lr()[0]
+        for micro in micros:
+            loss, per_update, weighted = actor_loss(cfg, model, micro, norm, sft_norm)
+            loss.backward()
+            acc.add_per_update(per_update)
+            acc.add_weighted(weighted, weight=float(micro.response_mask.sum()))
+        grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.grad_clip)
+        acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr})
+        acc.end_update()
+    return acc.result()
+
+
+def correct_mask(batch: TrainBatch, correct_score: float) -> torch.Tensor:
+    """(B, T) loss mask restricted to fully correct responses (score == correct_score)."""
+    return batch.response_mask * (batch.scores == correct_score).float().unsqueeze(-1)
+
+
+def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None):
+    """Policy loss (+ KL loss, - entropy bonus, + SFT on correct responses) of one micro-batch,
+    as its share of the mini-batch loss. Returns (loss, per-update metrics, token-weighted metrics)."""
+    a = cfg.algo
+    needs_entropy = a.entropy_coef != 0 or "entropy" in policy_loss_requirements(a.policy_loss, a.policy_loss_args)
+    logprobs, entropy = policy_logprobs(model, mb, temperature=cfg.rollout.temperature, with_entropy=needs_entropy)
+    mask = mb.response_mask
+    out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
+                              response_mask=mask, entropy=entropy, ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm,
+                              **a.policy_loss_args)
+    loss = out.loss
+    per_update = {"actor/pg_loss": float(out.loss.detach())}
+    if a.kl_coef > 0 and not a.kl_in_reward:
+        kl_loss = agg_loss(kl_penalty(logprobs, mb.ref_logprobs, a.kl_estimator), mask, a.agg, norm=norm)
+        loss = loss + a.kl_coef * kl_loss
+        per_update["actor/kl_loss"] = float(kl_loss.detach())
+    if a.entropy_coef != 0:
+        ent_loss = agg_loss(entropy, mask, a.agg, norm=norm)
+        loss = loss - a.entropy_coef * ent_loss
+        per_update["actor/entropy_loss"] = float(ent_loss.detach())
+    if sft_norm is not None and sft_norm.num_tokens > 0:
+        sft = agg_loss(-logprobs, correct_mask(mb, a.sft_correct_score), a.agg, norm=sft_norm)
+        loss = loss + a.sft_coef * sft
+        per_update["actor/sft_loss"] = float(sft.detach())
+    return loss, per_update, {f"actor/{k}": v for k, v in out.metrics.items()}
+
+
+def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:
+    """Clipped value-loss regression of the critic on ``batch.returns``, same batching as the policy."""
+    c = cfg.critic
+    acc = MetricAccumulator()
+    critic.train()
+    for mb, micros in minibatches(cfg, batch, step=step):
+        norm = AggNorm.of(mb.response_mask, cfg.algo.loss_scale_factor)
+        for micro in micros:
+            values = response_values(critic, micro)
+            out = value_loss(values, micro.values, micro.returns, micro.response_mask,
+                             cliprange_value=c.cliprange_value, agg=cfg.algo.agg, norm=norm)
+            out.loss.backward()
+            acc.add_per_update({"critic/vf_loss": float(out.loss.detach())})
+            acc.add_weighted({f"critic/{k}": v for k, v in out.metrics.items()},
+                             weight=float(micro.response_mask.sum()))
+        acc.add_per_update({"critic/grad_norm": clip_and_step(critic, optimizer, scheduler, c.grad_clip)})
+        acc.end_update()
+    return acc.result()
