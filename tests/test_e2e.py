@@ -181,3 +181,37 @@ def test_kl_against_frozen_reference_in_loss_and_in_reward(tmp_path: Path):
                  "algo.kl_estimator=k1"]) == 0
     rows = [r for r in read_metrics(run / "metrics.jsonl") if "actor/kl" in r]
     assert all("actor/reward_kl_penalty" in r and "actor/kl_loss" not in r for r in rows)
+
+
+ALGORITHM_PRESETS = {
+    # preset: metric keys that show its distinctive pieces ran
+    "grpo": ["actor/pg_clipfrac"],
+    "dr_grpo": ["actor/pg_loss"],
+    "dapo": ["filter/kept_groups", "filter/gen_batches", "reward/overlong_penalty_mean"],
+    "ppo": ["critic/vf_loss", "critic/vf_explained_var", "critic/vf_clipfrac"],
+    "gppo": ["actor/sft_loss", "filter/kept_groups"],
+    "cegppo": ["actor/sft_loss"],
+    "aspo": ["actor/high_entropy_frac", "actor/aspo_pos_dual_frac", "actor/kl_loss"],
+    "archer": ["actor/high_entropy_frac", "actor/kl_loss_low_entropy"],
+    "papo": ["papo/phase", "papo/frac_expand"],
+    "evpo": ["evpo/explained_variance", "evpo/use_critic", "critic/vf_loss"],
+    "gspo": ["actor/pg_clipfrac"],
+    "cispo": ["actor/pg_clipfrac"],
+}
+
+
+def test_every_algorithm_preset_runs_through_the_cli(tmp_path: Path):
+    for preset, keys in ALGORITHM_PRESETS.items():
+        run = tmp_path / preset
+        code = main(["-q", "train", "--config", preset, "--run-dir", str(run), *TINY_RUN, "train.steps=2",
+                     "train.prompts_per_step=4", "rollout.group_size=4", "train.mini_batch_size=8",
+                     "eval.every=0", "log.report=false", "log.tensorboard=false", "warm_start.enabled=false",
+                     "reward.name=tests.reward_fixtures:length_score"])
+        assert code == 0, preset
+        rows = [r for r in read_metrics(run / "metrics.jsonl") if r["step"] > 0]
+        assert len(rows) == 2, preset
+        seen = set().union(*rows)
+        missing = [k for k in keys if k not in seen]
+        assert not missing, f"{preset}: {missing}"
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps"] == 2
