@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser("compare", help="run presets x seeds on the same task; table + plot")
+    p.add_argument("--presets", required=True, help="comma-separated preset names, e.g. grpo,gppo,aspo")
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
+    p.add_argument("--target", type=float, default=0.6, help="greedy accuracy for the steps-to-target column")
+    p.add_argument("--out", default="runs/compare", help="output directory (finished runs in it are reused)")
+    p.set_defaults(func=cmd_compare, overrides=[])
+    p.epilog = "key=value overrides apply to every run, e.g. train.steps=100."
+
     p = sub.add_parser("report", help="write RUN_DIR/report.html and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
@@ -115,6 +123,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     metrics = evaluate_target(Path(args.target), args.config, args.overrides)
     print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from credo.recipes.compare import compare
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    if args.seeds < 1 or not presets:
+        raise ValueError("compare needs at least one preset and one seed")
+    out = compare(presets, list(range(args.seeds)), out_dir=Path(args.out), overrides=args.overrides,
+                  target=args.target)
+    print((out / "compare.md").read_text())
+    print(f"plot: {out / 'compare.png'}")
     return 0
 
 
