@@ -235,3 +235,24 @@ def test_compare_writes_table_plot_and_reuses_finished_runs(tmp_path: Path, caps
     capsys.readouterr()
     assert main(["compare", "--presets", "grpo,nope", "--out", str(tmp_path / "x")]) == 2
     assert "config error" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_critic_run_extended_by_resume_equals_one_long_run(tmp_path: Path):
+    """The critic, its optimizer and scheduler are checkpointed: 2 steps + resume to 4 == 4 steps."""
+    args = ["-q", "train", "--config", "ppo", *TINY_RUN, "eval.every=2", "checkpoint.every=2", "log.report=false",
+            "log.tensorboard=false", "warm_start.enabled=false", "reward.name=tests.reward_fixtures:length_score"]
+    assert main([*args, "--run-dir", str(tmp_path / "full"), "train.steps=4"]) == 0
+    assert main([*args, "--run-dir", str(tmp_path / "part"), "train.steps=2"]) == 0
+    assert (tmp_path / "part" / "checkpoints" / "step_000002" / "critic" / "value_head.safetensors").is_file()
+    assert main(["-q", "train", "--resume", str(tmp_path / "part"), "train.steps=4"]) == 0
+    full = _stable(read_metrics(tmp_path / "full" / "metrics.jsonl"))
+    part = _stable(read_metrics(tmp_path / "part" / "metrics.jsonl"))
+    assert "critic/vf_loss" in full[-1] and full == part
+
+
+def test_remax_runs_greedy_baselines(tmp_path: Path):
+    run = tmp_path / "remax"
+    assert main(["-q", "train", "--run-dir", str(run), *TINY_RUN, "train.steps=1", "algo.advantage=remax",
+                 "eval.every=0", "log.report=false", "log.tensorboard=false"]) == 0
+    rows = read_metrics(run / "metrics.jsonl")
+    assert "timing_s/gen_baseline" in rows[-1]

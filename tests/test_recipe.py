@@ -66,3 +66,39 @@ def test_mini_batches_and_epochs_take_several_optimizer_steps(tiny_model):
     assert one["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     assert many["actor/ppo_kl"] != pytest.approx(0.0, abs=1e-6)
     assert many["actor/ratio"] != pytest.approx(1.0, abs=1e-6)
+
+
+def test_sft_term_is_exact_under_gradient_accumulation(tiny_model):
+    model, tok = tiny_model
+    batch = _batch(model, tok)
+    batch.scores = torch.tensor([1.0, 0.0] * 8)  # half the responses count as fully correct
+    extra = ["algo.sft_coef=0.1", "algo.agg=token-mean"]
+    whole, m_whole = _update(model, batch, extra, sgd=True)
+    accum, m_accum = _update(model, batch, extra + ["train.micro_batch_size=2"], sgd=True)
+    for p0, p, q in zip(model.parameters(), whole.parameters(), accum.parameters()):
+        torch.testing.assert_close(p - p0, q - p0, atol=1e-7, rtol=1e-4)
+    assert m_whole["actor/sft_loss"] == pytest.approx(m_accum["actor/sft_loss"], rel=1e-5)
+    # the SFT loss is the token-mean NLL over the correct responses only
+    from credo.train.update import correct_mask
+
+    mask = correct_mask(batch, 1.0)
+    logprobs, _ = batched_logprobs(model, batch, micro_batch_size=None)
+    assert m_whole["actor/sft_loss"] == pytest.approx(float(-(logprobs * mask).sum() / mask.sum()), rel=1e-5)
+
+
+def test_top_entropy_token_selection_keeps_the_requested_fraction(tiny_model):
+    from credo.recipes.rlvr import select_tokens
+
+    model, tok = tiny_model
+    batch = _batch(model, tok)
+    _, stats = batched_logprobs(model, batch, micro_batch_size=None, stats=("entropy",))
+    batch.entropy = stats["entropy"]
+    metrics = {}
+    cfg = load_config(None, ["algo.top_entropy_quantile=0.2"])
+    selected = select_tokens(cfg, batch, metrics)
+    valid = batch.response_mask.bool()
+    kept = selected.response_mask.bool()
+    assert (kept & ~valid).sum() == 0
+    assert metrics["token_select/frac"] == pytest.approx(0.2, abs=0.05)
+    assert batch.entropy[kept].min() >= batch.entropy[valid & ~kept].max()  # the kept ones are the top entropy
+    assert select_tokens(load_config(), batch, {}) is batch  # 1.0: everything
