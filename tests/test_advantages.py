@@ -1,6 +1,8 @@
 """Advantage estimators: hand-computed values (arithmetic in comments), EVPO gate, PAPO polarity and phase."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -202,6 +204,9 @@ def test_papo_reweights_polarity_branches():
     rising = compute_advantages("papo", rewards=rewards, group_ids=groups, response_mask=mask,
                                 entropy_direction=direction, entropy_history=[1.0, 5.0], renormalize=False)
     assert rising.metrics["papo/w_pos"] == 0.5 and rising.metrics["papo/w_neg"] == 2.0  # clipped to [0.5, 2]
+    expo = compute_advantages("papo", rewards=rewards, group_ids=groups, response_mask=mask, weight_map="exp",
+                              entropy_direction=direction, entropy_history=falling, renormalize=False)
+    assert expo.metrics["papo/w_pos"] == pytest.approx(math.exp(0.25))  # exp(-strength * phi), phi = -0.25
     with pytest.raises(ValueError, match="needs entropy_direction, entropy_history"):
         compute_advantages("papo", rewards=rewards, group_ids=groups, response_mask=mask)
 
@@ -212,3 +217,19 @@ def test_every_estimator_has_a_test():
     tested = {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "remax", "opo", "grpo_passk",
               "reinforce_pp_baseline", "evpo", "papo"}
     assert set(list_advantage_estimators()) == tested
+
+
+def test_value_loss_hand_computed():
+    from credo.algo import value_loss
+
+    # V = [1.0, 0.2], V_old = [0.0, 0.0], Ret = [0.8, 1.0], clip 0.5:
+    # token 0: (1.0-0.8)^2 = 0.04; clipped V = 0.5 -> (0.5-0.8)^2 = 0.09 -> max 0.09 (clipped term larger)
+    # token 1: (0.2-1.0)^2 = 0.64; clipped V = 0.2 -> 0.64 -> max 0.64
+    # L = 0.5 * mean(0.09, 0.64) = 0.1825
+    values = torch.tensor([[1.0, 0.2]], requires_grad=True)
+    out = value_loss(values, torch.zeros(1, 2), torch.tensor([[0.8, 1.0]]), torch.ones(1, 2), cliprange_value=0.5)
+    assert out.loss.item() == pytest.approx(0.1825)
+    assert out.metrics["vf_clipfrac"] == pytest.approx(0.5)
+    out.loss.backward()
+    # gradient: token 0 comes from the clipped branch (constant in V) -> 0; token 1: 0.5 * 2 (0.2-1.0) / 2 = -0.4
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.4]]))

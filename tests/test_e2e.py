@@ -178,6 +178,7 @@ def test_kl_against_frozen_reference_in_loss_and_in_reward(tmp_path: Path):
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")][-1] == 3
     run = tmp_path / "reward"
     assert main(["-q", "train", "--run-dir", str(run), *base, "train.steps=2", "algo.kl_in_reward=true",
+                 "algo.advantage=reinforce_pp",
                  "algo.kl_estimator=k1"]) == 0
     rows = [r for r in read_metrics(run / "metrics.jsonl") if "actor/kl" in r]
     assert all("actor/reward_kl_penalty" in r and "actor/kl_loss" not in r for r in rows)
@@ -191,7 +192,7 @@ ALGORITHM_PRESETS = {
     "ppo": ["critic/vf_loss", "critic/vf_explained_var", "critic/vf_clipfrac"],
     "gppo": ["actor/sft_loss", "filter/kept_groups"],
     "cegppo": ["actor/sft_loss"],
-    "aspo": ["actor/high_entropy_frac", "actor/aspo_pos_dual_frac", "actor/kl_loss"],
+    "aspo": ["actor/high_entropy_frac", "actor/aspo_pos_dual_frac", "actor/aspo_kl_loss"],
     "archer": ["actor/high_entropy_frac", "actor/kl_loss_low_entropy"],
     "papo": ["papo/phase", "papo/frac_expand"],
     "evpo": ["evpo/explained_variance", "evpo/use_critic", "critic/vf_loss"],

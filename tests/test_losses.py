@@ -133,7 +133,7 @@ def test_aspo_kl_term_all_and_low_entropy():
         out = compute_policy_loss("aspo", logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask,
                                   entropy=ent, ref_logprobs=ref, kl_coef=0.001, kl_on=kl_on)
         _close(out.loss - base, 0.001 * expected)
-        assert out.metrics["kl_loss"] == pytest.approx(expected)
+        assert out.metrics["aspo_kl_loss"] == pytest.approx(expected)
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         compute_policy_loss("aspo", logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask, entropy=ent)
     with pytest.raises(ValueError, match="needs entropy"):

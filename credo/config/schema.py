@@ -81,7 +81,7 @@ class AlgoConfig:
     policy_loss_args: dict = opt(None, "loss hyperparameters, e.g. {clip_high: 0.28}", factory=dict)
     agg: str = opt("token-mean", "loss aggregation", choices=(
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "constant-norm"))
-    loss_scale_factor: float | None = opt(None, "divisor for seq-mean-token-sum-norm (null = max_new_tokens)")
+    loss_scale_factor: float | None = opt(None, "divisor for seq-mean-token-sum-norm (null = rollout.max_new_tokens)")
     kl_coef: float = opt(0.0, "KL coefficient against the frozen reference (0 = no reference model)", min=0.0)
     kl_estimator: str = opt("k3", "KL estimator: k1, abs, k2, k3 (+ suffix = straight-through)")
     kl_in_reward: bool = opt(False, "subtract kl_coef * sum_t KL from the sequence reward instead of adding it to the loss")

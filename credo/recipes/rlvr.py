@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from credo.algo import advantage_requirements, compute_advantages, kl_penalty, masked_mean, policy_loss_requirements
+from credo.algo.advantages import discounted_returns, explained_variance, token_rewards
 from credo.config import RunConfig
 from credo.data import PromptSampler
 from credo.data.source import TaskData, load_task_data
@@ -189,6 +190,8 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
             adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
                                      response_mask=batch.response_mask, **inputs, **a.advantage_args)
             batch.advantages, batch.returns = adv.advantages, adv.returns
+            if parts.critic is not None and "values" not in adv_needs:  # a monitored critic learns the returns
+                batch.returns = discounted_returns(rewards, batch.response_mask, 1.0)
         if parts.critic is not None:
             with timer("update_critic"):
                 metrics.update(update_critic(cfg, parts.critic, batch, parts.critic_optimizer,
@@ -213,9 +216,10 @@ def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: di
     metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask))
     if not (a.kl_in_reward and a.kl_coef > 0):
         return batch.scores
-    penalty = a.kl_coef * kl.sum(-1)  # (B,)
-    metrics["actor/reward_kl_penalty"] = float(penalty.mean())
-    return batch.scores - penalty
+    # token-level rewards, as verl: the score on the last response token minus kl_coef * KL_t on every token
+    metrics["actor/reward_kl_penalty"] = float((a.kl_coef * kl.sum(-1)).mean())
+    metrics["actor/reward_kl_penalty_coeff"] = a.kl_coef
+    return token_rewards(batch.scores, batch.response_mask) - a.kl_coef * kl
 
 
 def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, needs: tuple[str, ...],
@@ -263,8 +267,6 @@ def step_metrics(batch: TrainBatch, trajs, timer: Timer) -> dict[str, float]:
            "perf/tokens_per_s": n_total / max(timer.seconds["step"], 1e-9),
            "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp}
     if batch.values is not None:
-        from credo.algo.advantages import explained_variance
-
         out["critic/vf_explained_var"] = explained_variance(batch.returns, batch.values, batch.response_mask)
         out["critic/values_mean"] = float(masked_mean(batch.values, batch.response_mask))
     return out

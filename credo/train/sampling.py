@@ -28,6 +28,7 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
                      overlong_buffer: int = 0, overlong_factor: float = 1.0, timer=None) -> Rollouts:
     timer = timer or _NullTimer()
     kept: list[tuple[list[Trajectory], list[RewardResult]]] = []
+    dropped = 0
     all_trajs: list[Trajectory] = []
     all_results: list[RewardResult] = []
     rounds = 0
@@ -41,17 +42,20 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
         all_trajs += trajs
         all_results += results
         groups = _groups(trajs, results)
-        kept += [g for g in groups if not filter_groups or len({r.score for r in g[1]}) > 1]
+        informative = [g for g in groups if not filter_groups or len({r.score for r in g[1]}) > 1]
+        dropped += len(groups) - len(informative)
+        kept += informative
         if not (filter_groups and dynamic_sampling) or len(kept) >= prompts_per_step or rounds >= max_gen_batches:
             break
+    surplus = max(len(kept) - prompts_per_step, 0)
     kept = kept[:prompts_per_step]
     out_trajs, out_results = [], []
     for new_id, (ts, rs) in enumerate(kept):
         out_trajs += [dataclasses.replace(t, group_id=new_id) for t in ts]
         out_results += rs
     metrics = rollout_metrics(all_trajs, all_results)
-    metrics.update({"filter/gen_batches": rounds, "filter/kept_groups": len(kept),
-                    "filter/dropped_groups": len(all_trajs) // max(group_size, 1) - len(kept)})
+    metrics.update({"filter/gen_batches": rounds, "filter/kept_groups": len(kept), "filter/dropped_groups": dropped,
+                    "filter/surplus_groups": surplus})
     if overlong_buffer:
         metrics["reward/overlong_penalty_mean"] = sum(r.info.get("overlong_penalty", 0.0) for r in all_results) / len(
             all_results)

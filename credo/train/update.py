@@ -37,10 +37,11 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
     a = cfg.algo
     acc = MetricAccumulator()
     model.train()
+    scale = loss_scale(cfg)
     for mb, micros in minibatches(cfg, batch, step=step):
-        norm = AggNorm.of(mb.response_mask, a.loss_scale_factor)
+        norm = AggNorm.of(mb.response_mask, scale)
         correct = correct_mask(mb, a.sft_correct_score) if a.sft_coef > 0 else None
-        sft_norm = AggNorm.of(correct) if correct is not None else None
+        sft_norm = AggNorm.of(correct, scale) if correct is not None else None
         lr = scheduler.get_last_lr()[0]
         for micro in micros:
             loss, per_update, weighted = actor_loss(cfg, model, micro, norm, sft_norm)
@@ -51,6 +52,12 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
         acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr})
         acc.end_update()
     return acc.result()
+
+
+def loss_scale(cfg: RunConfig) -> float:
+    """Constant divisor of seq-mean-token-sum-norm: algo.loss_scale_factor, else the response length cap
+    (verl pads responses to max_response_length, so its default is constant across steps too)."""
+    return cfg.algo.loss_scale_factor or float(cfg.rollout.max_new_tokens)
 
 
 def correct_mask(batch: TrainBatch, correct_score: float) -> torch.Tensor:
@@ -91,7 +98,7 @@ def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, schedule
     acc = MetricAccumulator()
     critic.train()
     for mb, micros in minibatches(cfg, batch, step=step):
-        norm = AggNorm.of(mb.response_mask, cfg.algo.loss_scale_factor)
+        norm = AggNorm.of(mb.response_mask, loss_scale(cfg))
         for micro in micros:
             values = response_values(critic, micro)
             out = value_loss(values, micro.values, micro.returns, micro.response_mask,

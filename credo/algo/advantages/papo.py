@@ -9,13 +9,17 @@ credo implements the spec's stated reading; every choice below is a hyperparamet
 3. Phase signal phi from the history of batch-mean entropies H_1..H_s (``phase_fn``):
    ``relative_to_start``: (H_s - H_1) / H_1;  ``ema_trend``: (H_s - EMA_{s-1}) / H_1 with EMA
    coefficient ``ema``;  ``none``: 0 (no reweighting).
-4. Branch weights, both kept positive: w_plus = clip(1 - strength phi, w_min, w_max) for P > 0
-   (expansion) and w_minus = clip(1 + strength phi, w_min, w_max) for P <= 0: when entropy falls
-   (phi < 0) expansion is reinforced more, when it is high or rising consolidation is.
+4. Branch weights, both kept positive, from the weight map (``weight_map``): ``linear``:
+   w_plus = 1 - strength phi, w_minus = 1 + strength phi; ``exp``: w_plus = exp(-strength phi),
+   w_minus = exp(strength phi); both then clipped to [w_min, w_max]. w_plus applies to P > 0
+   (expansion), w_minus to P <= 0: when entropy falls (phi < 0) expansion is reinforced more, when
+   it is high or rising consolidation is.
 5. ``use="sign"`` applies the branch weight as is; ``use="magnitude"`` scales its deviation from 1 by
    |P| / mean|P| (capped at 1). Optionally (``renormalize``) mean|A~| is rescaled to mean|A|.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -23,6 +27,19 @@ from credo.algo.registry import ADVANTAGE_ESTIMATORS, register_advantage
 from credo.types import AdvantageOutput
 
 PHASE_FNS = ("relative_to_start", "ema_trend", "none")
+WEIGHT_MAPS = ("linear", "exp")
+
+
+def papo_weights(phi: float, *, weight_map: str = "linear", strength: float = 1.0, w_min: float = 0.5,
+                 w_max: float = 2.0) -> tuple[float, float]:
+    """(w_plus, w_minus) for phase ``phi``, clipped to [w_min, w_max]."""
+    if weight_map not in WEIGHT_MAPS:
+        raise ValueError(f"weight_map must be one of {WEIGHT_MAPS}, got {weight_map!r}")
+    if weight_map == "linear":
+        w_pos, w_neg = 1.0 - strength * phi, 1.0 + strength * phi
+    else:
+        w_pos, w_neg = math.exp(-strength * phi), math.exp(strength * phi)
+    return min(max(w_pos, w_min), w_max), min(max(w_neg, w_min), w_max)
 
 
 def papo_phase(history: list[float], phase_fn: str = "relative_to_start", ema: float = 0.9) -> float:
@@ -52,6 +69,7 @@ def papo_advantage(
     eps: float = 1e-6,
     phase_fn: str = "relative_to_start",
     ema: float = 0.9,
+    weight_map: str = "linear",
     strength: float = 1.0,
     w_min: float = 0.5,
     w_max: float = 2.0,
@@ -69,8 +87,7 @@ def papo_advantage(
     mask = response_mask.float()
     polarity = -adv * entropy_direction.float() * mask  # (B, T)
     phi = papo_phase(entropy_history, phase_fn, ema)
-    w_pos = min(max(1.0 - strength * phi, w_min), w_max)
-    w_neg = min(max(1.0 + strength * phi, w_min), w_max)
+    w_pos, w_neg = papo_weights(phi, weight_map=weight_map, strength=strength, w_min=w_min, w_max=w_max)
     weight = torch.where(polarity > 0, torch.full_like(adv, w_pos), torch.full_like(adv, w_neg))
     if use == "magnitude":
         scale = polarity.abs() / ((polarity.abs() * mask).sum() / mask.sum().clamp(min=1)).clamp(min=1e-12)

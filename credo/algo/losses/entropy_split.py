@@ -97,7 +97,7 @@ def aspo_loss(
         kl = kl_penalty(logprobs, ref_logprobs, "k3")
         kl_mean = _subset_mean(kl, valid if kl_on == "all" else low)
         aux = kl_coef * kl_mean
-        metrics_scalar = {"kl_loss": float(kl_mean.detach())}
+        metrics_scalar = {"aspo_kl_loss": float(kl_mean.detach())}
     else:
         metrics_scalar = {}
     return TokenLoss(loss=loss, token_metrics=metrics, metrics=metrics_scalar, aux_loss=aux)
