@@ -353,6 +353,43 @@ TRAINING_PLOTS: tuple[PlotSpec, ...] = (
     ),
 )
 
+def _filter_panel(rows: Rows) -> Panel | None:
+    """Kept / dropped groups, only for runs where group filtering dropped something."""
+    dropped = series(rows, "filter/dropped_groups")
+    if not len(dropped) or not np.any(dropped.values > 0):
+        return None
+    return _lines_panel(rows, "Group filtering", "groups",
+                        ["filter/kept_groups", "filter/dropped_groups", "filter/surplus_groups", "filter/gen_batches"],
+                        smooth=False)
+
+
+TRAINING_PLOTS += (
+    PlotSpec(
+        "critic.png",
+        "Critic",
+        "When a critic is trained (ppo, evpo): value loss (top) and the explained variance of the returns by "
+        "the critic's values, with EVPO's gate (fraction of groups using the critic) where logged (bottom).",
+        lambda rows: [
+            _lines_panel(rows, "Value loss", "loss", ["critic/vf_loss"]),
+            _lines_panel(rows, "Explained variance and EVPO gate", "value",
+                         ["critic/vf_explained_var", "evpo/explained_variance", "evpo/use_critic"]),
+        ],
+    ),
+    PlotSpec(
+        "algorithm_signals.png",
+        "Algorithm signals",
+        "Method-specific signals where logged: entropy-split fractions (aspo, archer), soft dual clip (aspo), "
+        "PAPO phase and branch weights, group filtering (kept / dropped groups per step).",
+        lambda rows: [
+            _lines_panel(rows, "Token regions", "fraction of tokens",
+                         ["actor/high_entropy_frac", "actor/aspo_pos_dual_frac", "actor/aspo_neg_dual_frac",
+                          "token_select/frac", "papo/frac_expand"]),
+            _lines_panel(rows, "PAPO phase and weights", "value", ["papo/phase", "papo/w_pos", "papo/w_neg"]),
+            _filter_panel(rows),
+        ],
+    ),
+)
+
 WARM_START_PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec(
         "warm_start.png",
