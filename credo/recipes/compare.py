@@ -101,21 +101,24 @@ def write_outputs(out_dir: Path, rows: list[Row], presets: list[str], seeds: lis
 
 
 def plot(out_dir: Path, presets: list[str], seeds: list[int]) -> Path:
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4.2), dpi=110)
     FigureCanvasAgg(fig)
     acc_ax, ent_ax = fig.subplots(1, 2)
-    for preset in presets:
+    palette = matplotlib.colormaps["tab20" if len(presets) > 10 else "tab10"]
+    for i, preset in enumerate(presets):
+        color = palette(i % palette.N)
         curves = [read_metrics(out_dir / preset / f"seed{s}" / "metrics.jsonl") for s in seeds]
         evals = [[(r["step"], r["eval/greedy_acc"]) for r in c if r.get("eval/greedy_acc") is not None] for c in curves]
         steps = [s for s, _ in evals[0]]
         mean = [statistics.fmean(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
-        line = acc_ax.plot(steps, mean, marker="o", ms=3, label=preset)[0]
+        line = acc_ax.plot(steps, mean, marker="o", ms=3, label=preset, color=color)[0]
         lo = [min(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
         hi = [max(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
-        acc_ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.12)
+        acc_ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.08)
         ent = [[(r["step"], r["actor/entropy"]) for r in c if r.get("actor/entropy") is not None] for c in curves]
         n = min(len(e) for e in ent)
         ent_ax.plot([ent[0][i][0] for i in range(n)], [statistics.fmean(e[i][1] for e in ent) for i in range(n)],
