@@ -23,3 +23,12 @@ def tiny_model():
 
     torch.manual_seed(0)
     return build_model(TINY, seed=0)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    from tests.sandbox_util import make_sandbox
+
+    sb = make_sandbox(workers=2)
+    yield sb
+    sb.close()

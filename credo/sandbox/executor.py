@@ -1,0 +1,311 @@
+"""Run one command under every isolation layer and measure it.
+
+Layers, outermost first (each fails closed):
+
+1. a fresh per-run cgroup (memory limit, pids limit, CPU accounting, kill-all);
+2. rlimits (CPU, file size, open files, no core dumps) and an unprivileged uid/gid with no
+   supplementary groups, set between fork and exec;
+3. bubblewrap: new user, PID, network, IPC, UTS, mount and cgroup namespaces (no network; nested
+   user namespaces disabled), read-only ``/usr`` and ``/etc``, a private ``/proc`` and minimal ``/dev``,
+   tmpfs ``/tmp``, the run's work directory as the only writable host path, a cleared environment,
+   ``--die-with-parent``;
+4. the seccomp deny-list of :mod:`credo.sandbox.seccomp`.
+
+A watchdog outside the sandbox polls the cgroup's CPU time (TLE is judged on CPU time, summed over all
+processes of the run) and the wall clock (a backstop for sleeping programs), and kills the whole cgroup.
+stdout and stderr are read concurrently with byte caps (exceeding one is OLE).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from credo.sandbox import seccomp
+from credo.sandbox.cgroups import CgroupManager, RunCgroup
+from credo.sandbox.limits import Limits
+
+BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
+_POLL_S = 0.005
+_SIGNAL_BASE = 128  # bwrap reports death by signal N as exit code 128 + N
+
+
+@dataclass
+class RawRun:
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    cpu_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    memory_peak_bytes: int = 0
+    cpu_exceeded: bool = False
+    wall_exceeded: bool = False
+    output_exceeded: bool = False
+    oom_killed: bool = False
+    setup_error: str = ""  # the sandbox could not start the program (infrastructure failure)
+    notes: list[str] = field(default_factory=list)
+
+
+class _CappedReader(threading.Thread):
+    """Reads a pipe to EOF keeping at most ``cap`` bytes; sets ``exceeded`` when more arrive."""
+
+    def __init__(self, pipe, cap: int, on_exceed):
+        super().__init__(daemon=True)
+        self.pipe, self.cap, self.on_exceed = pipe, cap, on_exceed
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.exceeded = False
+
+    def run(self) -> None:
+        try:
+            while True:
+                chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+                if not chunk:
+                    break
+                if self.size < self.cap:
+                    self.chunks.append(chunk[: self.cap - self.size])
+                self.size += len(chunk)
+                if self.size > self.cap and not self.exceeded:
+                    self.exceeded = True
+                    self.on_exceed()
+        except (OSError, ValueError):
+            pass
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class _StdinWriter(threading.Thread):
+    def __init__(self, pipe, data: bytes):
+        super().__init__(daemon=True)
+        self.pipe, self.data = pipe, data
+
+    def run(self) -> None:
+        try:
+            self.pipe.write(self.data)
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        finally:
+            try:
+                self.pipe.close()
+            except OSError:
+                pass
+
+
+@dataclass(frozen=True)
+class Identity:
+    uid: int
+    gid: int
+
+
+def bwrap_command(argv: list[str], *, workdir: Path | None, files: dict[str, Path], work_mb: int,
+                  env: dict[str, str], seccomp_fd: int | None, status_fd: int) -> list[str]:
+    """bubblewrap argv. ``/work`` is the host ``workdir`` bound read-write (compile steps), or a size-limited
+    tmpfs holding read-only binds of ``files`` (test runs: nothing the program writes reaches the host disk)."""
+    cmd = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+           "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        target = Path("/") / name
+        if target.is_symlink():
+            cmd += ["--symlink", os.readlink(target), f"/{name}"]
+        elif target.is_dir():
+            cmd += ["--ro-bind", str(target), f"/{name}"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(work_mb << 20), "--tmpfs", "/tmp"]
+    if workdir is not None:
+        cmd += ["--bind", str(workdir), "/work"]
+    else:
+        cmd += ["--size", str(work_mb << 20), "--perms", "0777", "--tmpfs", "/work"]
+    for name, src in files.items():
+        cmd += ["--ro-bind", str(src), f"/work/{name}"]
+    cmd += ["--chdir", "/work", "--hostname", "sandbox", "--clearenv"]
+    for key, value in env.items():
+        cmd += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    cmd += ["--json-status-fd", str(status_fd), "--", *argv]
+    return cmd
+
+
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+
+
+def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity | None,
+            cgroups: CgroupManager | None, workdir: Path | None = None, files: dict[str, Path] | None = None,
+            scratch: Path | None = None, work_mb: int = 64, env: dict[str, str] | None = None, isolated: bool = True,
+            extra_memory_mb: int = 0, min_processes: int = 0) -> RawRun:
+    """Run ``argv`` in ``/work`` under ``limits``.
+
+    ``workdir`` (host directory, bound read-write) or ``files`` (name -> host path, bound read-only into a
+    tmpfs ``/work``). ``isolated=False`` (unsafe mode) runs the command directly in ``workdir`` or in
+    ``scratch`` with ``files`` copied in, with rlimits and the cgroup only.
+    """
+    files = files or {}
+    env = {**BASE_ENV, **(env or {}), **limits.extra_env}
+    memory = (limits.memory_mb + extra_memory_mb) << 20
+    cg = cgroups.create(memory_bytes=memory, pids=max(limits.processes, min_processes)) if cgroups else None
+    sc_r = sc_w = None
+    status = list(os.pipe())  # [read end, write end]; _supervise closes and clears the write end
+    try:
+        if isolated:
+            sc_r, sc_w = os.pipe()
+            os.write(sc_w, seccomp.build_filter())
+            os.close(sc_w)
+            sc_w = None
+            cmd = bwrap_command(argv, workdir=workdir, files=files, work_mb=work_mb, env=env, seccomp_fd=sc_r,
+                                status_fd=status[1])
+            cwd = workdir or Path("/")
+        else:
+            cwd = workdir or _unsafe_dir(scratch, files)
+            cmd, env = list(argv), {**env, "HOME": str(cwd)}
+        return _supervise(cmd, workdir=cwd, limits=limits, stdin=stdin, identity=identity, cg=cg,
+                          env=env, isolated=isolated, pass_fds=tuple(fd for fd in (sc_r, status[1]) if fd is not None),
+                          status=status)
+    finally:
+        for fd in (sc_r, sc_w, *status):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if cg is not None:
+            cg.remove()
+
+
+def _unsafe_dir(scratch: Path | None, files: dict[str, Path]) -> Path:
+    if scratch is None:
+        raise ValueError("unsafe execution of bound files needs a scratch directory")
+    scratch.mkdir(parents=True, exist_ok=True)
+    for name, src in files.items():
+        shutil.copy2(src, scratch / name)
+    return scratch
+
+
+def _preexec(limits: Limits, identity: Identity | None, cg: RunCgroup | None):
+    cpu = int(math.ceil(limits.time_s)) + 1
+    fsize = limits.file_size_mb << 20
+
+    def setup() -> None:  # runs in the child between fork and exec, as root
+        if cg is not None:
+            cg.enter()
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.setsid()
+        if identity is not None:
+            os.setgroups([])
+            os.setgid(identity.gid)
+            os.setuid(identity.uid)
+
+    return setup
+
+
+def _supervise(cmd, *, workdir, limits, stdin, identity, cg, env, isolated, pass_fds, status) -> RawRun:
+    raw = RawRun()
+    kill_event = threading.Event()
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=str(workdir), env=env if not isolated else {"PATH": BASE_ENV["PATH"]},
+                                pass_fds=pass_fds, preexec_fn=_preexec(limits, identity, cg), close_fds=True)
+    except OSError as exc:
+        raw.setup_error = f"could not start the sandbox: {exc}"
+        return raw
+    os.close(status[1])  # our copy of the write end; bwrap holds its own
+    status[1] = None
+    out = _CappedReader(proc.stdout, limits.output_bytes, kill_event.set)
+    err = _CappedReader(proc.stderr, limits.output_bytes, kill_event.set)
+    writer = _StdinWriter(proc.stdin, stdin)
+    for t in (out, err, writer):
+        t.start()
+    while proc.poll() is None:
+        elapsed = time.monotonic() - start
+        cpu = cg.cpu_seconds() if cg is not None else 0.0
+        if cpu > limits.time_s:
+            raw.cpu_exceeded = True
+        elif elapsed > limits.wall_s:
+            raw.wall_exceeded = True
+        if raw.cpu_exceeded or raw.wall_exceeded or kill_event.is_set():
+            _kill(proc, cg)
+            break
+        time.sleep(_POLL_S)
+    proc.wait()
+    raw.wall_time_s = time.monotonic() - start
+    if cg is not None:
+        cg.kill_all()  # anything the program left behind (daemons, setsid escapes)
+    else:
+        _kill_group(proc.pid)
+    for t in (out, err):
+        t.join(timeout=5)
+    raw.stdout, raw.stderr = out.data, err.data
+    raw.output_exceeded = out.exceeded or err.exceeded
+    if cg is not None:
+        raw.cpu_time_s = cg.cpu_seconds()
+        raw.memory_peak_bytes = cg.memory_peak()
+        raw.oom_killed = cg.oom_killed()
+        raw.cpu_exceeded = raw.cpu_exceeded or raw.cpu_time_s > limits.time_s
+    else:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        raw.cpu_time_s = usage.ru_utime + usage.ru_stime
+    _exit_status(raw, proc.returncode, status[0], isolated)
+    return raw
+
+
+def _kill(proc: subprocess.Popen, cg: RunCgroup | None) -> None:
+    if cg is not None:
+        cg.kill_all()
+    _kill_group(proc.pid)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exit_status(raw: RawRun, returncode: int, status_fd: int, isolated: bool) -> None:
+    if not isolated:
+        if returncode < 0:
+            raw.signal = -returncode
+        else:
+            raw.exit_code = returncode
+        return
+    status = _read_status(status_fd)
+    if "child-pid" not in status and not (raw.cpu_exceeded or raw.wall_exceeded or raw.output_exceeded):
+        raw.setup_error = "bubblewrap failed: " + raw.stderr.decode("utf-8", "replace").strip()[-300:]
+        return
+    code = status.get("exit-code", returncode if returncode >= 0 else _SIGNAL_BASE - returncode)
+    if code > _SIGNAL_BASE and code <= _SIGNAL_BASE + 64:
+        raw.signal = code - _SIGNAL_BASE
+    else:
+        raw.exit_code = code
+
+
+def _read_status(fd: int) -> dict:
+    data = b""
+    try:
+        os.set_blocking(fd, False)
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    except (BlockingIOError, OSError):
+        pass
+    out: dict = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            out.update(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

@@ -1,0 +1,285 @@
+"""What a sandbox worker process does: compile (cached by hash) and run submissions, judge tests.
+
+Each worker is a long-lived process with its own unprivileged uid (``uid_base + index``), marked a
+child subreaper so orphans of a run are reaped by the worker, never by the host's init.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+from credo.sandbox.cgroups import CgroupManager
+from credo.sandbox.checkers import (
+    PYTHON_HARNESS,
+    check_output,
+    checker_verdict,
+    harness_payload,
+    parse_return,
+    returns_equal,
+)
+from credo.sandbox.executor import Identity, RawRun, execute
+from credo.sandbox.languages import Language, detect_language, extract_code, get_language
+from credo.sandbox.limits import AC, CE, COMPILE_LIMITS, MLE, OK, OLE, RE, SE, SEVERITY, TLE, WA, Limits
+from credo.sandbox.results import HEAD_BYTES, JudgeRequest, JudgeResult, RunRequest, RunResult, TestResult
+
+PR_SET_CHILD_SUBREAPER = 36
+_MEMORY_ERRORS = ("MemoryError", "OutOfMemoryError", "std::bad_alloc", "out of memory",
+                  "JavaScript heap out of memory", "Cannot allocate memory")
+
+
+def become_subreaper() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def reap_orphans() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class WorkerContext:
+    def __init__(self, index: int, *, root: Path, uid_base: int, isolated: bool):
+        self.index = index
+        self.isolated = isolated
+        self.identity = Identity(uid_base + index, uid_base + index) if os.geteuid() == 0 else None
+        self.cgroups = CgroupManager() if isolated else _optional_cgroups()
+        self.root = Path(root)
+        self.jobs = self.root / f"w{index}"
+        self.cache = self.root / "cache"
+        for d in (self.jobs, self.cache):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o755)
+
+    # ------------------------------------------------------------------------------ public
+    def run(self, req: RunRequest) -> RunResult:
+        job = self._new_job()
+        try:
+            lang, source = self._language(req.source, req.language)
+            prepared = self._prepare(job, lang, source)
+            if isinstance(prepared, RunResult):
+                return prepared
+            files = prepared
+            raw = self._exec(lang, lang.run, files, req.stdin.encode(), req.limits, job)
+            result = to_run_result(raw, req.limits)
+            return replace(result, language=lang.name)
+        except ValueError as exc:
+            return RunResult(verdict=SE, detail=str(exc))
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+
+    def judge(self, req: JudgeRequest) -> JudgeResult:
+        job = self._new_job()
+        try:
+            lang, source = self._language(req.source, req.language)
+            if req.fn_name and lang.name != "python":
+                raise NotImplementedError(f"function-call mode supports python only, not {lang.name}")
+            prepared = self._prepare(job, lang, source)
+            if isinstance(prepared, RunResult):
+                verdict = CE if prepared.verdict == CE else SE
+                return JudgeResult(verdict=verdict, total=len(req.tests), language=lang.name,
+                                   compile_output=prepared.stderr, detail=prepared.detail)
+            return self._judge_tests(req, lang, prepared, job)
+        except (ValueError, NotImplementedError) as exc:
+            return JudgeResult(verdict=SE, total=len(req.tests), detail=str(exc))
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------ judging
+    def _judge_tests(self, req: JudgeRequest, lang: Language, files: dict[str, Path], job: Path) -> JudgeResult:
+        results: list[TestResult] = []
+        if req.fn_name:
+            harness = job / "harness.py"
+            harness.write_text(PYTHON_HARNESS)
+            os.chmod(harness, 0o644)
+            files = {**files, "harness.py": harness}
+        for i, test in enumerate(req.tests):
+            results.append(self._one_test(req, lang, files, job, i, test))
+            if req.stop_on_first_failure and results[-1].verdict != AC:
+                break
+        passed = sum(r.verdict == AC for r in results)
+        failing = [r for r in results if r.verdict != AC]
+        verdict = AC if passed == len(req.tests) else (failing[0].verdict if failing else WA)
+        if any(r.verdict == SE for r in results):
+            verdict = SE  # an infrastructure failure is never scored as a wrong answer
+        return JudgeResult(verdict=verdict, passed=passed, total=len(req.tests), tests=results, language=lang.name)
+
+    def _one_test(self, req: JudgeRequest, lang: Language, files, job: Path, i: int, test: dict) -> TestResult:
+        if req.fn_name:
+            sentinel = "@@credo-" + secrets.token_hex(16) + "@@"
+            stdin = harness_payload(sentinel, req.fn_name, list(test.get("args", [])))
+            argv = ("/usr/bin/python3", "-I", "-S", "-B", "harness.py")
+            raw = self._exec(lang, argv, files, stdin.encode(), req.limits, job)
+        else:
+            raw = self._exec(lang, lang.run, files, str(test.get("stdin", "")).encode(), req.limits, job)
+        run = to_run_result(raw, req.limits)
+        base = TestResult(index=i, verdict=run.verdict, cpu_time_s=run.cpu_time_s, wall_time_s=run.wall_time_s,
+                          memory_peak_bytes=run.memory_peak_bytes, stdout_head=run.stdout[:HEAD_BYTES],
+                          stderr_head=run.stderr[:HEAD_BYTES], detail=run.detail)
+        if run.verdict != OK:
+            return base
+        if req.fn_name:
+            found, value = parse_return(run.stdout, sentinel)
+            if not found:
+                return replace(base, verdict=WA, detail="no return value reported by the harness")
+            ok = returns_equal(value, test.get("expected_return"), req.float_tol)
+            return replace(base, verdict=AC if ok else WA,
+                           detail="" if ok else f"expected {test.get('expected_return')!r}, got {value!r}")
+        expected = str(test.get("expected_stdout", ""))
+        if req.checker == "program":
+            ok, detail = self._checker_program(req, test, run.stdout, expected, job)
+        else:
+            ok, detail = check_output(req.checker, run.stdout, expected, float_tol=req.float_tol)
+        if ok is None:
+            return replace(base, verdict=SE, detail=detail)
+        return replace(base, verdict=AC if ok else WA, detail=detail)
+
+    def _checker_program(self, req: JudgeRequest, test: dict, output: str, expected: str, job: Path):
+        """Run the user's checker in the sandbox: it reads input.txt, output.txt, expected.txt and prints True/False."""
+        if not req.checker_source:
+            return None, "checker='program' needs checker_source"
+        lang = get_language(req.checker_language)
+        cjob = job / f"checker-{uuid.uuid4().hex[:8]}"
+        cjob.mkdir()
+        os.chmod(cjob, 0o755)
+        prepared = self._prepare(cjob, lang, req.checker_source)
+        if isinstance(prepared, RunResult):
+            return None, f"checker did not compile: {prepared.stderr[:300]}"
+        files = dict(prepared)
+        for name, text in (("input.txt", str(test.get("stdin", ""))), ("output.txt", output),
+                           ("expected.txt", expected)):
+            path = cjob / name
+            path.write_text(text)
+            os.chmod(path, 0o644)
+            files[name] = path
+        raw = self._exec(lang, lang.run, files, b"", replace(req.limits, time_s=max(req.limits.time_s, 5.0)), cjob)
+        run = to_run_result(raw, req.limits)
+        if run.verdict != OK:
+            return None, f"checker failed: {run.verdict} {run.stderr[:300]}"
+        return checker_verdict(run.stdout), "" if checker_verdict(run.stdout) else f"checker: {run.stdout[:200]}"
+
+    # ------------------------------------------------------------------------------ compile and run
+    def _language(self, source: str, language: str | None) -> tuple[Language, str]:
+        code, tag = extract_code(source)
+        name = language or detect_language(source)
+        return get_language(name), code
+
+    def _new_job(self) -> Path:
+        job = self.jobs / uuid.uuid4().hex
+        job.mkdir()
+        os.chmod(job, 0o755)
+        return job
+
+    def _prepare(self, job: Path, lang: Language, source: str) -> dict[str, Path] | RunResult:
+        """Files to bind into /work: the source (interpreted) or the cached build artifacts; a RunResult
+        (CE or SE) when compilation fails."""
+        src = job / lang.source_file
+        src.write_text(source)
+        os.chmod(src, 0o644)
+        if lang.compile is None:
+            return {lang.source_file: src}
+        return self._compiled(job, lang, source)
+
+    def _compiled(self, job: Path, lang: Language, source: str) -> dict[str, Path] | RunResult:
+        key = hashlib.sha256(json.dumps([lang.name, lang.compile, source]).encode()).hexdigest()
+        entry = self.cache / key
+        if (entry / "result.json").is_file():
+            result = RunResult(**json.loads((entry / "result.json").read_text()))
+        else:
+            result = self._build(job, lang, source, entry)
+        if result.verdict != OK:
+            return result
+        return {name: entry / name for name in lang.artifacts}
+
+    def _build(self, job: Path, lang: Language, source: str, entry: Path) -> RunResult:
+        """Compile inside the sandbox with COMPILE_LIMITS; cache artifacts and verdict (not SE) under ``entry``."""
+        build = job / "build"
+        build.mkdir()
+        (build / lang.source_file).write_text(source)
+        if self.identity is not None:
+            os.chown(build, self.identity.uid, self.identity.gid)
+        raw = execute(list(lang.compile), limits=COMPILE_LIMITS, stdin=b"", identity=self.identity,
+                      cgroups=self.cgroups, workdir=build, isolated=self.isolated, env=lang.env,
+                      extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes)
+        result = to_run_result(raw, COMPILE_LIMITS)
+        if result.verdict == OK and not all((build / a).is_file() for a in lang.artifacts):
+            result = replace(result, verdict=CE, detail="the compiler produced no program")
+        elif result.verdict not in (OK, SE):
+            result = replace(result, verdict=CE, detail=f"compilation failed ({result.verdict}): {result.detail}")
+        if result.verdict == SE:  # infrastructure failures are not cached
+            return result
+        tmp = self.cache / f".tmp-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        if result.verdict == OK:
+            for name in lang.artifacts:
+                shutil.copy2(build / name, tmp / name)
+                os.chmod(tmp / name, 0o755)
+        (tmp / "result.json").write_text(json.dumps(result.__dict__))
+        os.chmod(tmp, 0o755)
+        try:
+            tmp.rename(entry)
+        except OSError:  # another worker cached it first
+            shutil.rmtree(tmp, ignore_errors=True)
+        return result
+
+    def _exec(self, lang: Language, argv, files: dict[str, Path], stdin: bytes, limits: Limits, job: Path) -> RawRun:
+        raw = execute(list(argv), limits=limits, stdin=stdin, identity=self.identity, cgroups=self.cgroups,
+                      files=files, scratch=job / f"scratch-{uuid.uuid4().hex[:8]}", isolated=self.isolated,
+                      env=lang.env, work_mb=max(64, limits.file_size_mb * 2),
+                      extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes)
+        reap_orphans()
+        return raw
+
+
+def _optional_cgroups() -> CgroupManager | None:
+    try:
+        return CgroupManager()
+    except (OSError, RuntimeError):
+        return None
+
+
+def to_run_result(raw: RawRun, limits: Limits) -> RunResult:
+    out = raw.stdout.decode("utf-8", "replace")
+    err = raw.stderr.decode("utf-8", "replace")
+    common = dict(stdout=out, stderr=err, exit_code=raw.exit_code, signal=raw.signal, cpu_time_s=raw.cpu_time_s,
+                  wall_time_s=raw.wall_time_s, memory_peak_bytes=raw.memory_peak_bytes)
+    if raw.setup_error:
+        return RunResult(verdict=SE, detail=raw.setup_error, **common)
+    if raw.oom_killed or (raw.exit_code not in (0, None) or raw.signal) and any(m in err for m in _MEMORY_ERRORS):
+        return RunResult(verdict=MLE, detail=f"memory limit {limits.memory_mb} MB", **common)
+    if raw.cpu_exceeded or raw.signal == signal.SIGXCPU:
+        return RunResult(verdict=TLE, detail=f"CPU time limit {limits.time_s:g} s", **common)
+    if raw.wall_exceeded:
+        return RunResult(verdict=TLE, detail=f"wall-clock backstop {limits.wall_s:g} s", **common)
+    if raw.output_exceeded or raw.signal == signal.SIGXFSZ:
+        return RunResult(verdict=OLE, detail=f"output limit {limits.output_bytes} bytes", **common)
+    if raw.signal:
+        return RunResult(verdict=RE, detail=f"killed by signal {_signal_name(raw.signal)}", **common)
+    if raw.exit_code:
+        return RunResult(verdict=RE, detail=f"exit code {raw.exit_code}", **common)
+    return RunResult(verdict=OK, **common)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def worst(verdicts: list[str]) -> str:
+    return min(verdicts, key=lambda v: SEVERITY.get(v, 0)) if verdicts else OK
