@@ -66,23 +66,32 @@ def checker_verdict(stdout: str) -> bool:
 
 PYTHON_HARNESS = r'''
 import importlib.util, json, os, sys
-_payload = json.loads(sys.stdin.read())
-sys.stdin = open(os.devnull)
-_mark, _fn_name, _args = _payload["sentinel"], _payload["fn"], _payload["args"]
-del _payload
+# Bind everything the harness needs before the solution's top-level code runs, so that replacing
+# json.dumps, print, sys.stdout or sys.stdin from the solution cannot change what is reported.
+_dumps, _loads, _write, _read, _exit = json.dumps, json.loads, os.write, os.read, os._exit
+_out = os.dup(1)
 _spec = importlib.util.spec_from_file_location("solution", "/work/main.py")
 _mod = importlib.util.module_from_spec(_spec)
 sys.modules["solution"] = _mod
 _spec.loader.exec_module(_mod)
+# The payload (per-run random sentinel, function name, arguments) is read only now, from fd 0.
+_chunks = []
+while True:
+    _c = _read(0, 65536)
+    if not _c:
+        break
+    _chunks.append(_c)
+_payload = _loads(b"".join(_chunks))
+_mark, _fn_name, _args = _payload["sentinel"], _payload["fn"], _payload["args"]
+del _payload, _chunks
 _fn = getattr(_mod, _fn_name, None)
 if _fn is None and hasattr(_mod, "Solution"):
     _fn = getattr(_mod.Solution(), _fn_name)
 if _fn is None:
     raise SystemExit(f"no function {_fn_name!r} in the solution")
 _result = _fn(*_args)
-sys.stdout.flush()
-sys.stdout.write("\n" + _mark + json.dumps(_result) + "\n")
-sys.stdout.flush()
+_write(_out, ("\n" + _mark + _dumps(_result) + "\n").encode())
+_exit(0)
 '''
 
 

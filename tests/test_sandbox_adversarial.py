@@ -1,0 +1,169 @@
+"""The adversarial suite: every hostile program gets its expected verdict and the host is unharmed.
+
+Host checks after each program and after the whole suite: canary files unchanged (and unreadable to
+the programs), no process of a run left alive, no host loopback connection accepted, no file owned by
+a sandbox uid left on the host, the host's secret environment variable never printed, the sandbox's
+job directories emptied.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from credo.sandbox import Limits
+from credo.sandbox.results import JudgeRequest, RunRequest
+from tests.adversarial_programs import PROGRAMS, Hostile
+
+UID_RANGE = range(61000, 61100)
+
+
+class LoopbackServer:
+    """A TCP + UDP listener on the host's loopback that records every connection or datagram."""
+
+    def __init__(self):
+        self.tcp = socket.socket()
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen(16)
+        self.port = self.tcp.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        self.hits: list[str] = []
+        self.tcp.settimeout(0.2)
+        self.udp.settimeout(0.2)
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop:
+            for sock, kind in ((self.tcp, "tcp"), (self.udp, "udp")):
+                try:
+                    if kind == "tcp":
+                        conn, addr = sock.accept()
+                        conn.close()
+                    else:
+                        _, addr = sock.recvfrom(100)
+                    self.hits.append(f"{kind} from {addr}")
+                except OSError:
+                    pass
+
+    def close(self):
+        self._stop = True
+        self._thread.join(timeout=2)
+        self.tcp.close()
+        self.udp.close()
+
+
+def sandbox_processes() -> list[str]:
+    """Processes on the host running as a sandbox uid (there must be none between runs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if "State:\tZ" in status:  # an exited process waiting to be reaped is not alive
+            continue
+        uid_line = next((line for line in status.splitlines() if line.startswith("Uid:")), "")
+        uids = [int(x) for x in uid_line.split()[1:]]
+        if any(u in UID_RANGE for u in uids):
+            found.append(f"{entry.name}: {status.splitlines()[0]}")
+    return found
+
+
+def sandbox_owned_files(roots: list[Path]) -> list[str]:
+    out = []
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: None):
+            for name in dirnames + filenames:
+                path = Path(dirpath) / name
+                try:
+                    if path.lstat().st_uid in UID_RANGE:
+                        out.append(str(path))
+                except OSError:
+                    pass
+    return out
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    secret = "credo-secret-" + secrets.token_hex(8)
+    canaries = [Path("/var/tmp") / f"credo-canary-{secrets.token_hex(4)}.txt",  # given to programs by path
+                Path("/tmp") / f"credo-canary-{secrets.token_hex(4)}.txt",
+                tmp_path_factory.mktemp("canary") / "canary.txt"]
+    for c in canaries:
+        c.write_text(secret)
+        os.chmod(c, 0o600)
+    digests = {c: _digest(c) for c in canaries}
+    os.environ["CREDO_HOST_SECRET"] = secret
+    server = LoopbackServer()
+    bystander = subprocess.Popen(["sleep", "600"])  # a host process a hostile kill(-1) must not reach
+    yield {"secret": secret, "canaries": canaries, "digests": digests, "server": server, "bystander": bystander}
+    server.close()
+    bystander.kill()
+    os.environ.pop("CREDO_HOST_SECRET", None)
+    for c in canaries:
+        c.unlink(missing_ok=True)
+
+
+def _request(prog: Hostile, host) -> JudgeRequest | RunRequest:
+    source = prog.source.replace("{PORT}", str(host["server"].port)).replace("{CANARY}", str(host["canaries"][0]))
+    limits = Limits(time_s=prog.time_s, memory_mb=prog.memory_mb, output_bytes=1 << 16, wall_factor=3.0)
+    if prog.fn_name:
+        return JudgeRequest(source=source, language=prog.language, tests=[{"args": [2, 3], "expected_return": 5}],
+                            limits=limits, fn_name=prog.fn_name)
+    return RunRequest(source=source, language=prog.language, limits=limits)
+
+
+def test_suite_is_large_and_covers_every_language():
+    assert len(PROGRAMS) >= 40
+    assert len({p.name for p in PROGRAMS}) == len(PROGRAMS)
+    assert {p.language for p in PROGRAMS} >= {"python", "c", "cpp", "javascript", "bash", "java"}
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_hostile_program(sandbox, host, prog):
+    result = sandbox.submit(_request(prog, host)).result()
+    verdict = result.verdict
+    stdout = result.stdout if hasattr(result, "stdout") else "".join(t.stdout_head for t in result.tests)
+    detail = (result.detail, getattr(result, "stderr", "")[-300:], stdout[:300])
+    assert verdict in prog.verdicts, detail
+    if prog.stdout_has:
+        assert prog.stdout_has in stdout and "ALLOWED" not in stdout and "connected" not in stdout, detail
+    assert host["secret"] not in stdout
+    # host checks after every program
+    time.sleep(0.05)
+    assert sandbox_processes() == [], f"{prog.name} left processes behind"
+    assert host["server"].hits == [], f"{prog.name} reached the host loopback"
+    assert host["bystander"].poll() is None, f"{prog.name} killed a host process"
+    for c, digest in host["digests"].items():
+        assert c.exists() and _digest(c) == digest, f"{prog.name} touched a canary"
+
+
+def test_host_is_clean_after_the_suite(sandbox, host):
+    assert sandbox_processes() == []
+    assert sandbox_owned_files([Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]) == []
+    assert not Path("/etc/credo_pwned").exists() and not Path("/usr/bin/credo_pwned").exists()
+    leftover = [p for p in sandbox.root.rglob("*") if "cache" not in p.parts and p.is_file()]
+    assert leftover == [], "job directories must be removed after each run"
+
+
+def test_proc_shows_only_the_run(sandbox):
+    r = sandbox.run("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", "python",
+                    limits=Limits(time_s=1.0))
+    pids = eval(r.stdout)  # noqa: S307 - our own program's output
+    assert r.verdict == "OK" and len(pids) <= 3 and max(pids) < 10
