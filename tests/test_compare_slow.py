@@ -13,6 +13,7 @@ from credo.cli.main import main
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_compare_three_presets_two_seeds(tmp_path: Path):
     out = tmp_path / "cmp"
     assert main(["-q", "compare", "--presets", "grpo,gppo,aspo", "--seeds", "2", "--out", str(out),

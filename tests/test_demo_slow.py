@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_default_demo_raises_greedy_accuracy_by_20_points(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "credo.cli.main", "-q", "train", "--run-dir", str(tmp_path / "demo")],
