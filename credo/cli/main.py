@@ -73,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare, overrides=[])
     p.epilog = "key=value overrides apply to every run, e.g. train.steps=100."
 
+    p = sub.add_parser("sandbox", help="the code sandbox: serve it over HTTP, or check isolation and languages")
+    sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
+    q = sandbox_sub.add_parser("serve", help="HTTP service (/run, /judge, /judge_batch, /run_code, /health)")
+    q.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    q.add_argument("--port", type=int, default=8080)
+    q.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    q.add_argument("--max-queue", type=int, default=256, help="waiting jobs beyond which requests get 429")
+    q.add_argument("--unsafe", action="store_true", help="run WITHOUT isolation (trusted code only)")
+    q.set_defaults(func=cmd_sandbox_serve)
+    q = sandbox_sub.add_parser("check", help="verify every isolation layer and list working languages")
+    q.set_defaults(func=cmd_sandbox_check)
+
     p = sub.add_parser("report", help="write RUN_DIR/report.html and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
@@ -136,6 +148,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
                   target=args.target)
     print((out / "compare.md").read_text())
     print(f"plot: {out / 'compare.png'}")
+    return 0
+
+
+def cmd_sandbox_serve(args: argparse.Namespace) -> int:
+    from credo.sandbox.server import serve
+
+    serve(host=args.host, port=args.port, workers=args.workers, max_queue=args.max_queue, unsafe=args.unsafe)
+    return 0
+
+
+def cmd_sandbox_check(args: argparse.Namespace) -> int:
+    from credo.sandbox import Sandbox, SandboxUnavailable
+
+    try:
+        with Sandbox(workers=2) as sb:
+            langs = sb.languages()
+    except SandboxUnavailable as exc:
+        print(f"credo: sandbox unavailable: {exc}", file=sys.stderr)
+        return 1
+    print("isolation: bubblewrap namespaces, seccomp deny-list, per-run cgroups, uid drop: ok")
+    for name, ok in langs.items():
+        print(f"  {name:<11} {'ok' if ok else 'not available (toolchain missing inside the sandbox)'}")
     return 0
 
 
