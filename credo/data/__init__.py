@@ -15,6 +15,7 @@ from credo.data.files import (
     load_dataset_file,
     split_examples,
 )
+from credo.data import code_task  # noqa: F401  (registers the "code" task)
 from credo.data.sampler import PromptSampler
 from credo.data.tasks import (
     AdditionTask,

@@ -33,8 +33,13 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
     return key(a) == key(b) and key(a) != (None, None)
 
 
-def register_reward(name: str) -> Callable[[VerifierFn], VerifierFn]:
+def register_reward(name: str, *, batch: bool = False) -> Callable[[VerifierFn], VerifierFn]:
     """Decorator registering a verifier under ``name``; returns the function unchanged.
+
+    ``batch=True`` marks a verifier that scores a whole batch at once,
+    ``fn(responses, examples, **kwargs) -> list[RewardResult]``, and enforces its own isolation and
+    time limits (the code rewards: they send the batch to the sandbox pool). :class:`RewardRunner`
+    calls it in the calling process.
 
     Registering a *different* function under a name already taken raises ``ValueError``;
     re-registering the same definition (e.g. when its module is imported again) is a no-op.
@@ -50,6 +55,7 @@ def register_reward(name: str) -> Callable[[VerifierFn], VerifierFn]:
                 f"reward {name!r} is already registered to "
                 f"{existing.__module__}.{existing.__qualname__}"
             )
+        fn.credo_batch = batch
         _REGISTRY[name] = fn
         return fn
 
@@ -58,7 +64,8 @@ def register_reward(name: str) -> Callable[[VerifierFn], VerifierFn]:
 
 def _ensure_builtins() -> None:
     """Import the built-in verifiers so that their names are registered."""
-    import credo.rewards.verifiers  # noqa: F401  (registers on import)
+    import credo.rewards.code  # noqa: F401  (registers on import)
+    import credo.rewards.verifiers  # noqa: F401
 
 
 def list_rewards() -> list[str]:

@@ -242,6 +242,8 @@ class RewardRunner:
             raise ValueError(f"{len(responses)} responses but {len(examples)} examples")
         if self._closed:
             raise RuntimeError("RewardRunner is closed")
+        if getattr(self.fn, "credo_batch", False):
+            return self._score_batch(list(responses), list(examples))
         if self.executor == "inline":
             return [self._score_inline(r, e) for r, e in zip(responses, examples)]
         return self._score_processes(list(responses), list(examples))
@@ -287,6 +289,21 @@ class RewardRunner:
     def _score_inline(self, response: str, example: Example) -> RewardResult:
         result, raised = _call_verifier(self.fn, response, example, self.fn_kwargs, self.failure_score)
         return self._record(result, raised=raised)
+
+    # ---------------------------------------------------------------------------------- batch
+
+    def _score_batch(self, responses: list[str], examples: list[Example]) -> list[RewardResult]:
+        """A batch verifier (it isolates and times its own work); an exception fails the whole batch."""
+        start = time.perf_counter()
+        try:
+            results = [to_result(r) for r in self.fn(responses, examples, **self.fn_kwargs)]
+            results = [dataclasses.replace(r, score=self.failure_score) if r.failed else r for r in results]
+            if len(results) != len(responses):
+                raise ValueError(f"batch verifier returned {len(results)} results for {len(responses)} responses")
+        except Exception as exc:  # the run goes on; every item is a recorded failure
+            results = [self._failure(_format_error(exc), time.perf_counter() - start) for _ in responses]
+            self.stats["exceptions"] += len(responses)
+        return [self._record(r) for r in results]
 
     # -------------------------------------------------------------------------------- process
 

@@ -21,12 +21,15 @@ class Language:
     memory_overhead_mb: int = 0  # runtime overhead added to the user's memory limit
     env: dict[str, str] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    # stderr patterns that mean the program never got past parsing (reported as CE for interpreted languages)
+    syntax_errors: tuple[str, ...] = ()
 
 
 LANGUAGES: dict[str, Language] = {
     lang.name: lang for lang in (
         Language("python", "main.py", ("/usr/bin/python3", "-I", "-S", "-B", "main.py"),
-                 version=("/usr/bin/python3", "--version"), aliases=("py", "python3")),
+                 version=("/usr/bin/python3", "--version"), aliases=("py", "python3"),
+                 syntax_errors=(r"^(SyntaxError|IndentationError|TabError): ",)),
         Language("c", "main.c", ("./main",), compile=("/usr/bin/gcc", "-O2", "-std=gnu17", "-pipe", "-o", "main",
                                                       "main.c", "-lm"),
                  artifacts=("main",), version=("/usr/bin/gcc", "--version")),
@@ -35,9 +38,9 @@ LANGUAGES: dict[str, Language] = {
                  artifacts=("main",), version=("/usr/bin/g++", "--version"), aliases=("c++", "cc", "cxx")),
         Language("javascript", "main.js", ("/usr/bin/node", "--stack-size=8000", "main.js"),
                  version=("/usr/bin/node", "--version"), min_processes=32, memory_overhead_mb=64,
-                 aliases=("js", "node", "nodejs")),
+                 aliases=("js", "node", "nodejs"), syntax_errors=(r"^SyntaxError: ",)),
         Language("bash", "main.sh", ("/usr/bin/bash", "main.sh"), version=("/usr/bin/bash", "--version"),
-                 aliases=("sh", "shell")),
+                 aliases=("sh", "shell"), syntax_errors=(r"syntax error",)),
         Language("java", "Main.java", ("/usr/bin/java", "-Xss64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                                        "-Xshare:auto", "-cp", ".", "Main"),
                  compile=("/usr/bin/javac", "-J-XX:+UseSerialGC", "-J-Xshare:auto", "-encoding", "UTF-8",

@@ -9,6 +9,7 @@ import ctypes
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -75,7 +76,7 @@ class WorkerContext:
                 return prepared
             files = prepared
             raw = self._exec(lang, lang.run, files, req.stdin.encode(), req.limits, job)
-            result = to_run_result(raw, req.limits)
+            result = syntax_as_compile_error(lang, to_run_result(raw, req.limits))
             return replace(result, language=lang.name)
         except ValueError as exc:
             return RunResult(verdict=SE, detail=str(exc))
@@ -126,7 +127,7 @@ class WorkerContext:
             raw = self._exec(lang, argv, files, stdin.encode(), req.limits, job)
         else:
             raw = self._exec(lang, lang.run, files, str(test.get("stdin", "")).encode(), req.limits, job)
-        run = to_run_result(raw, req.limits)
+        run = syntax_as_compile_error(lang, to_run_result(raw, req.limits))
         base = TestResult(index=i, verdict=run.verdict, cpu_time_s=run.cpu_time_s, wall_time_s=run.wall_time_s,
                           memory_peak_bytes=run.memory_peak_bytes, stdout_head=run.stdout[:HEAD_BYTES],
                           stderr_head=run.stderr[:HEAD_BYTES], detail=run.detail)
@@ -272,6 +273,14 @@ def to_run_result(raw: RawRun, limits: Limits) -> RunResult:
     if raw.exit_code:
         return RunResult(verdict=RE, detail=f"exit code {raw.exit_code}", **common)
     return RunResult(verdict=OK, **common)
+
+
+def syntax_as_compile_error(lang: Language, run: RunResult) -> RunResult:
+    """An interpreted program that died parsing its own source is a compile error, not a runtime error."""
+    if run.verdict == RE and lang.compile is None and any(re.search(p, run.stderr, re.MULTILINE)
+                                                           for p in lang.syntax_errors):
+        return replace(run, verdict=CE, detail="syntax error")
+    return run
 
 
 def _signal_name(number: int) -> str:
