@@ -40,6 +40,9 @@ BROKEN = {
                    "OLE": "const fs=require('fs');while(true)fs.writeSync(1,'y'.repeat(4096)+'\\n')"},
     "bash": {"WA": "echo 0", "CE": "if then fi (", "RE": "exit 3", "TLE": "while true; do :; done",
              "OLE": "yes yyyyyyyyyyyyyyyyyyy"},
+    "java": {"WA": "public class Main{public static void main(String[] a){System.out.println(0);}}",
+             "CE": "public class Main{public static void main(String[] a){int x = ;}}",
+             "RE": "public class Main{public static void main(String[] a){throw new RuntimeException(\"x\");}}"},
 }
 
 
@@ -53,7 +56,8 @@ def test_accepted_in_every_language(sandbox, language):
 
 @pytest.mark.parametrize("language,verdict", [(lang, v) for lang, cases in BROKEN.items() for v in cases])
 def test_each_failure_verdict(sandbox, language, verdict):
-    j = sandbox.judge(BROKEN[language][verdict], language, TESTS[:2], limits=FAST, stop_on_first_failure=True)
+    limits = Limits(time_s=5.0, memory_mb=256) if language == "java" else FAST
+    j = sandbox.judge(BROKEN[language][verdict], language, TESTS[:2], limits=limits, stop_on_first_failure=True)
     expected = verdict  # a syntax error of an interpreted language is a compile error too
     assert j.verdict == expected, (j.detail, j.compile_output[:300], [(t.verdict, t.detail, t.stderr_head[:200])
                                                                         for t in j.tests])
@@ -159,3 +163,34 @@ def test_fenced_code_is_extracted_before_running(sandbox):
 
 def test_unknown_language_is_an_infrastructure_verdict_not_a_crash(sandbox):
     assert sandbox.run("print(1)", "cobol", limits=FAST).verdict == "SE"
+
+
+def test_missing_isolation_is_a_clear_error(monkeypatch):
+    import credo.sandbox.pool as pool
+    from credo.sandbox import Sandbox, SandboxUnavailable
+
+    monkeypatch.setattr(pool.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        Sandbox(workers=1)
+
+
+def test_unsafe_mode_runs_with_a_warning(caplog):
+    from credo.sandbox import Sandbox
+
+    with Sandbox(workers=1, unsafe=True) as sb:
+        r = sb.run("print(6 * 7)", "python", limits=FAST)
+        t = sb.run("while True: pass", "python", limits=Limits(time_s=0.5))
+    assert r.verdict == "OK" and r.stdout == "42\n" and t.verdict == "TLE"
+    assert "UNSAFE" in caplog.text
+
+
+def test_a_stuck_worker_is_killed_restarted_and_reported_as_se(sandbox, monkeypatch):
+    import credo.sandbox.pool as pool
+
+    monkeypatch.setattr(pool, "job_timeout", lambda request: 0.5)  # the parent gives up on the worker
+    before = sandbox.stats["worker_restarts"]
+    r = sandbox.run("import time; time.sleep(5)", "python", limits=Limits(time_s=5.0))
+    assert r.verdict == "SE" and "timed out" in r.detail
+    monkeypatch.undo()
+    assert sandbox.run("print(1)", "python", limits=FAST).verdict == "OK"  # a fresh worker took over
+    assert sandbox.stats["worker_restarts"] > before
