@@ -32,6 +32,7 @@ from credo.sandbox.limits import AC, CE, COMPILE_LIMITS, MLE, OK, OLE, RE, SE, S
 from credo.sandbox.results import HEAD_BYTES, JudgeRequest, JudgeResult, RunRequest, RunResult, TestResult
 
 PR_SET_CHILD_SUBREAPER = 36
+MAX_CACHE_ENTRIES = 4096  # compiled programs kept; the oldest are evicted beyond this
 _MEMORY_ERRORS = ("MemoryError", "OutOfMemoryError", "std::bad_alloc", "out of memory",
                   "JavaScript heap out of memory", "Cannot allocate memory")
 
@@ -235,7 +236,16 @@ class WorkerContext:
             tmp.rename(entry)
         except OSError:  # another worker cached it first
             shutil.rmtree(tmp, ignore_errors=True)
+        self._evict()
         return result
+
+    def _evict(self) -> None:
+        entries = [p for p in self.cache.iterdir() if not p.name.startswith(".")]
+        if len(entries) <= MAX_CACHE_ENTRIES:
+            return
+        entries.sort(key=lambda p: p.stat().st_mtime)
+        for old in entries[: len(entries) - MAX_CACHE_ENTRIES]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def _exec(self, lang: Language, argv, files: dict[str, Path], stdin: bytes, limits: Limits, job: Path) -> RawRun:
         raw = execute(list(argv), limits=limits, stdin=stdin, identity=self.identity, cgroups=self.cgroups,
