@@ -51,6 +51,7 @@ PROGRAMS: list[Hostile] = [
     # ------------------------------------------------------------------ python: filesystem and secrets
     Hostile("py_write_etc", "python", "open('/etc/credo_pwned', 'w').write('x')", ("RE",)),
     Hostile("py_write_usr", "python", "open('/usr/bin/credo_pwned', 'w').write('x')", ("RE",)),
+    Hostile("py_write_root_dir", "python", "open('/credo_pwned', 'w').write('x')", ("RE",)),
     Hostile("py_overwrite_canary", "python", "open('{CANARY}', 'w').write('pwned')", ("RE",)),
     Hostile("py_read_canary", "python", "try:\n    print(open('{CANARY}').read())\nexcept OSError:\n    print('blocked')",
             ("OK",), stdout_has="blocked"),

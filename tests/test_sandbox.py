@@ -39,7 +39,7 @@ BROKEN = {
                    "TLE": "while(true){}", "MLE": "let a=[];while(true)a.push(new Array(1e6).fill(1));",
                    "OLE": "const fs=require('fs');while(true)fs.writeSync(1,'y'.repeat(4096)+'\\n')"},
     "bash": {"WA": "echo 0", "CE": "if then fi (", "RE": "exit 3", "TLE": "while true; do :; done",
-             "OLE": "yes yyyyyyyyyyyyyyyyyyy"},
+             "MLE": "x=$(head -c 400000000 /dev/zero | tr '\\0' a)\necho ${#x}", "OLE": "yes yyyyyyyyyyyyyyyyyyy"},
     "java": {"WA": "public class Main{public static void main(String[] a){System.out.println(0);}}",
              "CE": "public class Main{public static void main(String[] a){int x = ;}}",
              "RE": "public class Main{public static void main(String[] a){throw new RuntimeException(\"x\");}}"},
@@ -57,6 +57,8 @@ def test_accepted_in_every_language(sandbox, language):
 @pytest.mark.parametrize("language,verdict", [(lang, v) for lang, cases in BROKEN.items() for v in cases])
 def test_each_failure_verdict(sandbox, language, verdict):
     limits = Limits(time_s=5.0, memory_mb=256) if language == "java" else FAST
+    if (language, verdict) == ("bash", "MLE"):
+        limits = Limits(time_s=10.0, memory_mb=128)  # building a 400 MB string in bash takes seconds of CPU
     j = sandbox.judge(BROKEN[language][verdict], language, TESTS[:2], limits=limits, stop_on_first_failure=True)
     expected = verdict  # a syntax error of an interpreted language is a compile error too
     assert j.verdict == expected, (j.detail, j.compile_output[:300], [(t.verdict, t.detail, t.stderr_head[:200])

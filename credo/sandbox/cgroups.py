@@ -72,6 +72,17 @@ class CgroupManager:
                     self.bases[c] = base
         else:
             self.bases = {"": self._v2_base(ROOT / own.get("", "/").lstrip("/"), name)}
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Remove run groups left by dead processes (a worker killed mid-run cannot remove its own)."""
+        for base in self.bases.values():
+            for d in base.glob("run-*"):
+                owner = d.name.split("-")[1]
+                if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                    stale = RunCgroup.__new__(RunCgroup)
+                    stale.version, stale.dirs = self.version, {c: b / d.name for c, b in self.bases.items()}
+                    stale.remove()
 
     @staticmethod
     def _v2_base(own: Path, name: str) -> Path:

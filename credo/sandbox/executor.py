@@ -6,9 +6,9 @@ Layers, outermost first (each fails closed):
 2. rlimits (CPU, file size, open files, no core dumps) and an unprivileged uid/gid with no
    supplementary groups, set between fork and exec;
 3. bubblewrap: new user, PID, network, IPC, UTS, mount and cgroup namespaces (no network; nested
-   user namespaces disabled), read-only ``/usr`` and ``/etc``, a private ``/proc`` and minimal ``/dev``,
-   tmpfs ``/tmp``, the run's work directory as the only writable host path, a cleared environment,
-   ``--die-with-parent``;
+   user namespaces disabled), a read-only root with read-only ``/usr`` and ``/etc``, a private ``/proc``
+   and minimal ``/dev``, size-limited tmpfs ``/tmp`` and ``/work`` (a compile step's build directory is
+   the only writable host path), a cleared environment, ``--die-with-parent``;
 4. the seccomp deny-list of :mod:`credo.sandbox.seccomp`.
 
 A watchdog outside the sandbox polls the cgroup's CPU time (TLE is judged on CPU time, summed over all
@@ -126,7 +126,7 @@ def bwrap_command(argv: list[str], *, workdir: Path | None, files: dict[str, Pat
         cmd += ["--size", str(work_mb << 20), "--perms", "0777", "--tmpfs", "/work"]
     for name, src in files.items():
         cmd += ["--ro-bind", str(src), f"/work/{name}"]
-    cmd += ["--chdir", "/work", "--hostname", "sandbox", "--clearenv"]
+    cmd += ["--remount-ro", "/", "--chdir", "/work", "--hostname", "sandbox", "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     if seccomp_fd is not None:

@@ -101,6 +101,8 @@ class _Slot:
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None
+        # a killed worker could not clean up after its job: remove its job directories
+        shutil.rmtree(self.pool.root / f"w{self.index}", ignore_errors=True)
 
     def stop(self) -> None:
         if self._alive():
