@@ -85,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     q = sandbox_sub.add_parser("check", help="verify every isolation layer and list working languages")
     q.set_defaults(func=cmd_sandbox_check)
 
+    p = sub.add_parser("env", help="agent environments: serve one over HTTP (AgentGym contract), or list them")
+    env_sub = p.add_subparsers(dest="env_command", required=True, metavar="ACTION")
+    q = env_sub.add_parser("serve", help="serve NAME with /create /reset /step /observation /close")
+    q.add_argument("name", help="a registered environment (credo env list)")
+    q.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    q.add_argument("--port", type=int, default=8000)
+    q.set_defaults(func=cmd_env_serve, overrides=[])
+    q.epilog = "Environment parameters as key=value, e.g. size=5 (credo env list shows them)."
+    q = env_sub.add_parser("list", help="registered environments, their parameters and action formats")
+    q.set_defaults(func=cmd_env_list)
+
     p = sub.add_parser("report", help="write RUN_DIR/report.html and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
@@ -170,6 +181,31 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
     print("isolation: bubblewrap namespaces, seccomp deny-list, per-run cgroups, uid drop: ok")
     for name, ok in langs.items():
         print(f"  {name:<11} {'ok' if ok else 'not available (toolchain missing inside the sandbox)'}")
+    return 0
+
+
+def cmd_env_serve(args: argparse.Namespace) -> int:
+    from credo.config.loader import parse_override
+    from credo.envs import get_env_spec
+    from credo.envs.server import serve
+
+    params = dict(parse_override(o) for o in args.overrides)
+    spec = get_env_spec(args.name)
+    unknown = set(params) - set(spec.params)
+    if unknown:
+        raise ValueError(f"environment {args.name!r} has no parameter(s) {sorted(unknown)}; "
+                         f"it takes: {sorted(spec.params) or 'none'}")
+    serve(args.name, host=args.host, port=args.port, **params)
+    return 0
+
+
+def cmd_env_list(args: argparse.Namespace) -> int:
+    from credo.envs import get_env_spec, list_envs
+
+    for name in list_envs():
+        spec = get_env_spec(name)
+        params = " ".join(f"{k}={v}" for k, v in spec.params.items())
+        print(f"{name:<8} {params:<28} {spec.instruction}")
     return 0
 
 

@@ -1,0 +1,110 @@
+"""The environment protocol, the action parsers, and the registry of built-in environments.
+
+An environment instance serves one episode at a time::
+
+    obs = env.reset(task_id)                       # task_id picks the task deterministically ("data_idx")
+    result = env.step(action)                      # StepResult(observation, reward, done, info)
+    env.close()
+
+Environments receive *parsed* actions. Parsing the model's text into an action belongs to the client
+(AgentGym's convention): every registered environment names its :class:`ActionParser`, which
+:class:`~credo.envs.client.LocalEnvClient` and :class:`~credo.envs.client.HTTPEnvClient` apply before
+calling ``step``. A text without a valid action becomes an error observation with reward 0.
+
+Task ids split into train (``0 <= id < EVAL_OFFSET``) and held-out evaluation (``id >= EVAL_OFFSET``) ranges.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+EVAL_OFFSET = 1_000_000
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(Protocol):
+    def reset(self, task_id: int) -> str: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ActionParser:
+    """Finds ``<tag>content</tag>`` actions in model text. ``tags`` maps a tag to the action kind it produces;
+    the action string passed to the environment is ``"kind:content"``. The *first* complete tag wins (the
+    model should stop after one action per turn); a text with none is invalid."""
+
+    tags: tuple[str, ...]
+
+    def parse(self, text: str) -> str | None:
+        best = None
+        for tag in self.tags:
+            m = re.search(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+            if m and (best is None or m.start() < best[0]):
+                best = (m.start(), f"{tag}:{m.group(1).strip()}")
+        return best[1] if best else None
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    name: str
+    factory: Callable[..., Env]  # factory(**params) -> a fresh instance
+    parser: ActionParser
+    instruction: str  # what the agent is told once, before the first observation
+    params: dict[str, Any] = field(default_factory=dict)  # parameter defaults
+    oracle: Callable[..., Any] | None = None  # oracle(env, observation) -> next action text (for SFT warm starts)
+
+
+ENVS: dict[str, EnvSpec] = {}
+
+
+def register_env(spec: EnvSpec) -> EnvSpec:
+    if spec.name in ENVS and ENVS[spec.name] is not spec:
+        raise ValueError(f"environment {spec.name!r} is already registered")
+    ENVS[spec.name] = spec
+    return spec
+
+
+def list_envs() -> list[str]:
+    from credo.envs import builtin  # noqa: F401  (registers the built-ins)
+
+    return sorted(ENVS)
+
+
+def get_env_spec(name: str) -> EnvSpec:
+    list_envs()
+    if name not in ENVS:
+        close = difflib.get_close_matches(name, list(ENVS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"unknown environment {name!r}{hint}; registered: {', '.join(sorted(ENVS))}")
+    return ENVS[name]
+
+
+def make_env(name: str, **params: Any) -> Env:
+    spec = get_env_spec(name)
+    unknown = set(params) - set(spec.params)
+    if unknown:
+        raise TypeError(f"environment {name!r} has no parameter(s) {sorted(unknown)}; it takes: {sorted(spec.params)}")
+    return spec.factory(**{**spec.params, **params})
+
+
+def train_task_ids(n: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(f"credo/env-train/{seed}")
+    return [rng.randrange(EVAL_OFFSET) for _ in range(n)]
+
+
+def eval_task_ids(n: int) -> list[int]:
+    return [EVAL_OFFSET + i for i in range(n)]

@@ -1,0 +1,236 @@
+"""Environments: built-in task logic, action parsing, the HTTP server and client, and env faults."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from credo.envs import (
+    EVAL_OFFSET,
+    ActionParser,
+    EnvError,
+    HTTPEnvClient,
+    LocalEnvClient,
+    eval_task_ids,
+    get_env_spec,
+    list_envs,
+    train_task_ids,
+)
+from credo.envs.builtin import safe_eval, wordle_marks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_registry_and_splits():
+    assert set(list_envs()) >= {"calc", "maze", "wordle"}
+    train = train_task_ids(100, seed=0)
+    assert train == train_task_ids(100, seed=0) and train != train_task_ids(100, seed=1)
+    assert all(t < EVAL_OFFSET for t in train) and all(t >= EVAL_OFFSET for t in eval_task_ids(10))
+    with pytest.raises(KeyError, match="did you mean 'maze'"):
+        get_env_spec("mazee")
+
+
+def test_action_parser_takes_the_first_complete_action():
+    p = ActionParser(("tool", "answer"))
+    assert p.parse("think... <tool>1+2</tool> then <answer>3</answer>") == "tool:1+2"
+    assert p.parse("<answer> 42 </answer>") == "answer:42"
+    assert p.parse("<tool>1+2") is None and p.parse("nothing") is None
+
+
+def test_calc_env():
+    c = LocalEnvClient("calc")
+    expr = c.reset(7)
+    assert expr == LocalEnvClient("calc").reset(7)  # deterministic per task id
+    value = safe_eval(expr)
+    r = c.step(f"<tool>{expr}</tool>")
+    assert r.observation == f"= {value}" and not r.done and r.info["tool_call"]
+    assert c.step("<tool>__import__('os')</tool>").observation == "= error"
+    assert c.step("no action here").info["invalid_action"]
+    r = c.step(f"<answer>{value + 1}</answer>")
+    assert r.done and r.reward == 0.0
+    c.reset(7)
+    r = c.step(f"<answer>{value}</answer>")
+    assert r.done and r.reward == 1.0 and r.info["success"]
+
+
+def test_maze_env_moves_walls_and_goal():
+    c = LocalEnvClient("maze", size=3)
+    obs = c.reset(1)
+    assert obs.startswith("at ") and "goal" in obs
+    env = c.env
+    env.pos, env.goal, env.walls = (0, 0), (0, 2), {(0, 1)}
+    assert c.step("<move>up</move>").observation.startswith("blocked")  # border
+    assert c.step("<move>right</move>").observation.startswith("blocked")  # wall
+    assert env.shortest_path() == ["down", "right", "right", "up"]
+    for move in env.shortest_path()[:-1]:
+        assert not c.step(f"<move>{move}</move>").done
+    r = c.step("<move>up</move>")
+    assert r.done and r.reward == 1.0
+
+
+def test_wordle_marks_and_env():
+    assert wordle_marks("cat", "cat") == "GGG"
+    assert wordle_marks("act", "cat") == "YYG"
+    assert wordle_marks("eee", "bee") == "XGG"  # duplicate letters count once per occurrence
+    assert wordle_marks("dog", "cat") == "XXX"
+    c = LocalEnvClient("wordle")
+    c.reset(3)
+    assert c.step("<guess>toolong</guess>").observation == "invalid guess"
+    secret = c.env.secret
+    r = c.step(f"<guess>{secret}</guess>")
+    assert r.done and r.reward == 1.0
+
+
+@pytest.mark.parametrize("name", ["calc", "maze", "wordle"])
+def test_oracles_solve_their_environments(name):
+    spec = get_env_spec(name)
+    client = LocalEnvClient(name)
+    for tid in train_task_ids(20, seed=3) + eval_task_ids(5):
+        obs = client.reset(tid)
+        for _ in range(12):
+            r = client.step(spec.oracle(client.env, obs))
+            obs = r.observation
+            if r.done:
+                break
+        assert r.done and r.reward == 1.0
+
+
+# ----------------------------------------------------------------------------- HTTP server and client
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_up(url: str, proc=None, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/observation?id=-1", timeout=1)
+        except urllib.error.HTTPError:
+            return  # the server answered (404 for the unknown id)
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(proc.stderr.read().decode()[-2000:])
+            time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+@pytest.fixture(scope="module")
+def calc_server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "env", "serve", "calc", "--port", str(port)],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    _wait_up(url, proc)
+    yield url, proc
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_http_client_plays_an_episode_against_a_real_server(calc_server):
+    url, _ = calc_server
+    client = HTTPEnvClient(url, "calc", timeout_s=5)
+    expr = client.reset(11)
+    assert expr == LocalEnvClient("calc").reset(11)
+    r = client.step(f"<tool>{expr}</tool>")
+    assert r.observation == f"= {safe_eval(expr)}" and r.info["tool_call"]
+    r = client.step(f"<answer>{safe_eval(expr)}</answer>")
+    assert r.done and r.reward == 1.0
+    assert client.step("garbage").info["invalid_action"]  # parsed client-side, never sent
+    client.close()
+    with urllib.request.urlopen(urllib.request.Request(url + "/create", data=b"{}", method="POST")) as resp:
+        assert isinstance(json.loads(resp.read())["id"], int)
+
+
+class _FaultyHandler(BaseHTTPRequestHandler):
+    mode = "ok"
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: bytes):
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (the "hang" mode)
+            pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/create":
+            return self._reply(200, b'{"id": 0}')
+        if self.path == "/reset":
+            return self._reply(200, b'{"observation": "1+1"}')
+        if self.mode == "500":
+            return self._reply(500, b'{"detail": "boom"}')
+        if self.mode == "hang":
+            time.sleep(5)
+            return self._reply(200, b'{}')
+        if self.mode == "malformed":
+            return self._reply(200, b'{"observation": "x", "reward": ')
+        if self.mode == "wrong_fields":
+            return self._reply(200, b'{"observation": 3, "reward": "a lot"}')
+        return self._reply(200, b'{"observation": "ok", "reward": 0, "done": false}')
+
+
+@pytest.fixture
+def faulty():
+    servers = []
+
+    def start(mode: str) -> str:
+        handler = type("H", (_FaultyHandler,), {"mode": mode})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+
+
+@pytest.mark.parametrize("mode,message", [("500", "HTTP 500"), ("hang", "timed out"), ("malformed", "malformed JSON"),
+                                          ("wrong_fields", "malformed step answer")])
+def test_env_faults_raise_env_error(faulty, mode, message):
+    client = HTTPEnvClient(faulty(mode), "calc", timeout_s=0.5, retries=1, backoff_s=0.01)
+    assert client.reset(0) == "1+1"
+    t0 = time.time()
+    with pytest.raises(EnvError, match=message):
+        client.step("<tool>1+1</tool>")
+    assert time.time() - t0 < 3  # a step is not retried after a timeout (it may have been applied)
+
+
+def test_refused_connection_is_retried_then_an_env_error():
+    client = HTTPEnvClient(f"http://127.0.0.1:{_free_port()}", "calc", timeout_s=0.5, retries=2, backoff_s=0.01)
+    with pytest.raises(EnvError, match="connection refused"):
+        client.reset(0)
+
+
+def test_server_killed_mid_episode(calc_server):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "env", "serve", "maze", "--port", str(port)],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    _wait_up(url, proc)
+    client = HTTPEnvClient(url, "maze", timeout_s=2, retries=1, backoff_s=0.01)
+    client.reset(0)
+    proc.kill()
+    proc.wait()
+    with pytest.raises(EnvError):
+        client.step("<move>up</move>")
