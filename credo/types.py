@@ -49,6 +49,9 @@ class Trajectory:
     response_mask: list[int]  # 1 where the token counts in the loss
     finish_reason: FinishReason
     response_text: str = ""  # decoded response without special tokens
+    # multi-turn episodes: [start, end) of each assistant turn in response coordinates, and episode facts
+    turns: list[tuple[int, int]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

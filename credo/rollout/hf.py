@@ -8,6 +8,7 @@ that temperature-scaled, *unfiltered* distribution, which is what the trainer re
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,15 +34,8 @@ class HFRolloutEngine:
     def generate(self, prompts: list[Example], n: int, sampling: SamplingParams) -> list[Trajectory]:
         prompt_ids = [self.encode(ex.prompt) for ex in prompts]
         rows = [(g, ex, ids) for g, (ex, ids) in enumerate(zip(prompts, prompt_ids)) for _ in range(n)]
-        gen = self.generator
-        if sampling.seed is not None:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(sampling.seed)
-        out: list[Trajectory] = []
-        for start in range(0, len(rows), self.max_batch_size):
-            chunk = rows[start : start + self.max_batch_size]
-            out.extend(self._generate_chunk(chunk, sampling, gen))
-        return out
+        outs = self.continue_ids([r[2] for r in rows], sampling)
+        return [self._trajectory(row, out) for row, out in zip(rows, outs)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}
@@ -49,46 +43,65 @@ class HFRolloutEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
 
+    # -------------------------------------------------------------- token-level API (agent loops)
+
+    def continue_ids(self, prefixes: list[list[int]], sampling: SamplingParams, *, stop_ids: tuple[int, ...] = (),
+                     top_logprobs: int = 0) -> list[Continuation]:
+        """Sample a continuation of every token-id prefix, in batches of ``max_batch_size``.
+
+        A row stops after EOS or any ``stop_ids`` token (kept as its last token) or at ``max_new_tokens``.
+        ``top_logprobs > 0`` also records the k largest log-probs at every generated position.
+        """
+        gen = self.generator
+        if sampling.seed is not None:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(sampling.seed)
+        stops = tuple({self.eos_id, *stop_ids})
+        out: list[Continuation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prefixes), self.max_batch_size):
+                out.extend(self._decode(prefixes[start : start + self.max_batch_size], sampling, gen, stops,
+                                        top_logprobs))
+        finally:
+            self.model.train(was_training)
+        return out
+
     # -------------------------------------------------------------- internals
 
     def encode(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text)
 
     @torch.no_grad()
-    def _generate_chunk(self, rows: list[tuple[int, Example, list[int]]], sp: SamplingParams,
-                        gen: torch.Generator) -> list[Trajectory]:
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            tokens, logps, finished_at = self._decode(rows, sp, gen)
-        finally:
-            self.model.train(was_training)
-        return [self._trajectory(row, tokens[i], logps[i], finished_at[i]) for i, row in enumerate(rows)]
-
-    def _decode(self, rows, sp: SamplingParams, gen: torch.Generator):
-        batch = len(rows)
-        plen = max(len(r[2]) for r in rows)
+    def _decode(self, prefixes: list[list[int]], sp: SamplingParams, gen: torch.Generator, stops: tuple[int, ...],
+                top_k: int) -> list[Continuation]:
+        batch = len(prefixes)
+        plen = max(len(ids) for ids in prefixes)
         input_ids = torch.full((batch, plen), self.pad_id, dtype=torch.long)
         attn = torch.zeros((batch, plen), dtype=torch.long)
-        for i, (_, _, ids) in enumerate(rows):
+        for i, ids in enumerate(prefixes):
             input_ids[i, plen - len(ids) :] = torch.tensor(ids)
             attn[i, plen - len(ids) :] = 1
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, P)
         cache = DynamicCache(config=self.model.config)
+        stop_t = torch.tensor(stops, device=self.device)
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        finished_at = [None] * batch
-        tokens, logps = [], []
+        finished_at: list[int | None] = [None] * batch
+        tokens, logps, tops = [], [], []
         step_ids, step_pos = input_ids, positions
         for t in range(sp.max_new_tokens):
             out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, cache=cache, use_cache=True)
             cache = out.cache
             logits = out.logits[:, -1, :].float()  # (B, V)
-            nxt, lp = self._sample(logits, sp, gen)
+            nxt, lp, full = self._sample(logits, sp, gen)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
             logps.append(torch.where(done, torch.zeros_like(lp), lp))
-            newly = (~done) & (nxt == self.eos_id)
+            if top_k:
+                tops.append(torch.topk(full, min(top_k, full.shape[-1]), dim=-1).values.cpu())
+            newly = (~done) & torch.isin(nxt, stop_t)
             for i in newly.nonzero().flatten().tolist():
                 finished_at[i] = t + 1
             done = done | newly
@@ -99,32 +112,49 @@ class HFRolloutEngine:
             step_pos = step_pos[:, -1:] + 1
         tokens_t = torch.stack(tokens, 1).cpu()  # (B, T)
         logps_t = torch.stack(logps, 1).cpu()  # (B, T)
-        return tokens_t, logps_t, finished_at
+        tops_t = torch.stack(tops, 1) if top_k else None  # (B, T, k)
+        outs = []
+        for i in range(batch):
+            length = finished_at[i] if finished_at[i] is not None else tokens_t.shape[1]
+            outs.append(Continuation(ids=tokens_t[i, :length].tolist(), logprobs=logps_t[i, :length].tolist(),
+                                     finish_reason="stop" if finished_at[i] is not None else "length",
+                                     top_logprobs=tops_t[i, :length] if tops_t is not None else None))
+        return outs
 
-    def _sample(self, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token (B,), log-prob of the token under the temperature-scaled logits (B,))."""
+    def _sample(self, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator):
+        """(token (B,), its log-prob (B,), full log-probs (B, V)) under the temperature-scaled logits."""
         if sp.greedy or sp.temperature == 0:
             logprobs = logits.log_softmax(-1)
             tok = logits.argmax(-1)
-            return tok, logprobs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            return tok, logprobs.gather(-1, tok.unsqueeze(-1)).squeeze(-1), logprobs
         logits = logits / sp.temperature
         logprobs = logits.log_softmax(-1)  # (B, V)
         filtered = filter_logits(logits, top_k=sp.top_k, top_p=sp.top_p)
         probs = filtered.softmax(-1).cpu()
         tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
-        return tok, logprobs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        return tok, logprobs.gather(-1, tok.unsqueeze(-1)).squeeze(-1), logprobs
 
-    def _trajectory(self, row, tokens: torch.Tensor, logps: torch.Tensor, finished_at: int | None) -> Trajectory:
+    def _trajectory(self, row, cont: Continuation) -> Trajectory:
         group_id, example, prompt_ids = row
-        length = finished_at if finished_at is not None else tokens.shape[0]
-        ids = tokens[:length].tolist()
-        text_ids = ids[:-1] if finished_at is not None else ids
+        ids = cont.ids
+        ended = cont.finish_reason == "stop"
+        text_ids = ids[:-1] if ended else ids
         return Trajectory(
             example=example, group_id=group_id, prompt_ids=prompt_ids, response_ids=ids,
-            rollout_logprobs=logps[:length].tolist(), response_mask=[1] * length,
-            finish_reason="eos" if finished_at is not None else "length",
+            rollout_logprobs=cont.logprobs, response_mask=[1] * len(ids),
+            finish_reason="eos" if ended else "length",
             response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True),
         )
+
+
+@dataclass
+class Continuation:
+    """What :meth:`HFRolloutEngine.continue_ids` sampled for one prefix."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS or a stop id, kept as the last token) | "length"
+    top_logprobs: torch.Tensor | None = None  # (len(ids), k) when requested
 
 
 def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

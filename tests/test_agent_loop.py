@@ -1,0 +1,112 @@
+"""Agent rollouts: token layout and loss mask checked token by token, horizon schedule, env failures."""
+from __future__ import annotations
+
+import pytest
+
+from credo.envs import EnvError, LocalEnvClient
+from credo.rollout import HFRolloutEngine
+from credo.rollout.agent_loop import AgentLoop, plain_template, to_trajectory
+from credo.train.horizon import horizon
+from credo.types import Example, SamplingParams
+
+
+def _examples(env: str, ids: list[int]) -> list[Example]:
+    return [Example(prompt=f"{env}:{i}", answer="", uid=f"{env}/{i}", meta={"env": env, "task_id": i}) for i in ids]
+
+
+def test_layout_and_loss_mask_token_by_token(tiny_model):
+    model, tok = tiny_model
+    template = plain_template(tok)
+    loop = AgentLoop(HFRolloutEngine(model, tok, seed=0), tok, template, max_turns=3, max_tokens_per_turn=6,
+                     max_response_tokens=400, threads=2)
+    examples = _examples("calc", [1, 2, 3, 4])
+    clients = [LocalEnvClient("calc") for _ in examples]
+    episodes = loop.run(examples, clients, [0, 0, 1, 1], SamplingParams(temperature=1.0))
+    for ep, client in zip(episodes, clients):
+        traj, result = to_trajectory(ep, tok)
+        # the prompt is <bos> instruction \n first observation \n, mask 0 (not part of the response)
+        first_obs = LocalEnvClient("calc").reset(ep.task_id)
+        assert tok.decode(traj.prompt_ids, skip_special_tokens=True) == f"{client.instruction}\n{first_obs}\n"
+        assert 1 <= len(traj.turns) <= 3 and len(traj.response_mask) == len(traj.response_ids)
+        # walk the response: each turn's tokens are mask 1, everything between turns is an observation (mask 0)
+        pos = 0
+        for k, (start, end) in enumerate(traj.turns):
+            gap = traj.response_ids[pos:start]
+            assert all(m == 0 for m in traj.response_mask[pos:start])
+            if k > 0:  # the observation after the previous turn: its text and a newline, never re-tokenised
+                text = tok.decode(gap)
+                assert text.endswith("\n") and ("invalid action" in text or text.startswith("= "))
+            assert all(m == 1 for m in traj.response_mask[start:end]) and end > start
+            assert all(lp <= 0 for lp in traj.rollout_logprobs[start:end])
+            assert all(lp == 0 for lp in traj.rollout_logprobs[pos:start])
+            turn = traj.response_ids[start:end]
+            assert tok.eos_token_id not in turn[:-1]  # end-of-turn only as the turn's last token, mask 1
+            pos = end
+        assert pos == len(traj.response_ids)  # no observation after the last turn
+        assert sum(traj.response_mask) == sum(e - s for s, e in traj.turns)
+        assert traj.info["num_turns"] == len(traj.turns) and not result.failed
+
+
+def test_oracle_turns_produce_the_expected_episode(tiny_model):
+    """Force the model's turns to the oracle's actions and check the exact token sequence."""
+    _, tok = tiny_model
+    template = plain_template(tok)
+
+    class ScriptedEngine:
+        def __init__(self):
+            self.calls = 0
+
+        def continue_ids(self, prefixes, sp, stop_ids=(), top_logprobs=0):
+            from credo.rollout.hf import Continuation
+
+            self.calls += 1
+            out = []
+            for _ in prefixes:
+                text = "<tool>12+3</tool>" if self.calls == 1 else "<answer>15</answer>"
+                ids = list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+                out.append(Continuation(ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop"))
+            return out
+
+    class FixedCalc(LocalEnvClient):
+        def reset(self, task_id):
+            super().reset(task_id)
+            self.env.expr, self.env.value = "12+3", 15
+            return "12+3"
+
+    loop = AgentLoop(ScriptedEngine(), tok, template, max_turns=4, max_tokens_per_turn=32, threads=1)
+    (ep,) = loop.run(_examples("calc", [0]), [FixedCalc("calc")], [0], SamplingParams())
+    traj, result = to_trajectory(ep, tok)
+    enc = lambda s: list(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    turn1, obs1, turn2 = enc("<tool>12+3</tool>") + [tok.eos_token_id], enc("= 15\n"), enc("<answer>15</answer>") + [
+        tok.eos_token_id]
+    assert traj.response_ids == turn1 + obs1 + turn2
+    assert traj.response_mask == [1] * len(turn1) + [0] * len(obs1) + [1] * len(turn2)
+    assert traj.turns == [(0, len(turn1)), (len(turn1) + len(obs1), len(turn1) + len(obs1) + len(turn2))]
+    assert result.score == 1.0 and result.correct and traj.info["tool_calls"] == 1 and traj.finish_reason == "eos"
+
+
+def test_turn_cap_cuts_with_zero_reward_and_env_failure_is_recorded(tiny_model):
+    model, tok = tiny_model
+    loop = AgentLoop(HFRolloutEngine(model, tok, seed=0), tok, plain_template(tok), max_turns=2, max_tokens_per_turn=4,
+                     threads=1)
+
+    class Broken(LocalEnvClient):
+        def step(self, text):
+            raise EnvError("server answered 500")
+
+    eps = loop.run(_examples("maze", [5, 6]), [LocalEnvClient("maze"), Broken("maze")], [0, 1], SamplingParams())
+    ok, broken = (to_trajectory(e, tok) for e in eps)
+    assert ok[0].info["cut"] == "max_turns" and len(ok[0].turns) == 2 and ok[1].score == 0.0
+    assert broken[1].failed and "500" in broken[1].error and broken[1].score == 0.0
+    assert len(broken[0].turns) == 1 and broken[0].finish_reason == "length"
+
+
+def test_scaling_inter_horizon_schedule():
+    # rounds [6, 13, 20], period 100: steps 1..100 -> 6, 101..200 -> 13, later -> 20
+    h = lambda s: horizon(s, schedule="stepwise", rounds=[6, 13, 20], period=100)  # noqa: E731
+    assert [h(1), h(100), h(101), h(200), h(201), h(10_000)] == [6, 6, 13, 13, 20, 20]
+    assert horizon(57, schedule="fixed", max_turns=9) == 9
+    # resume consistency: a pure function of the step, so resuming at 150 switches at 201 (the reference: 202)
+    assert [h(s) for s in range(151, 203)] == [13] * 50 + [20, 20]
+    with pytest.raises(ValueError):
+        horizon(1, schedule="cosine")
