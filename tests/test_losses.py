@@ -248,7 +248,7 @@ def test_kl_cov_penalises_top_covariance_token():
 
 # ----------------------------------------------------------------------------- all losses
 
-NEEDS_ENTROPY = {"aspo": {"kl_coef": 0.0}, "archer": {"low_entropy_kl_coef": 0.0}}
+NEEDS_ENTROPY = {"aspo": {"kl_coef": 0.0}, "archer": {"low_entropy_kl_coef": 0.0}, "aepo": {}}
 
 
 # Losses whose forward value is the objective they differentiate: torch.autograd.gradcheck applies.
@@ -256,7 +256,7 @@ TRUE_OBJECTIVE = ["archer", "clip_cov", "gmpo", "gpg", "kl_cov", "ppo", "sapo"]
 # Losses whose gradient is defined through stop-gradients (preserved / flipped / detached weights):
 # the numerical derivative of the value is not the gradient by design, so the autograd gradient is
 # checked against an independent float64 implementation of the spec's weight table instead.
-SURROGATE = ["aspo", "cegppo", "cispo", "gppo", "gspo"]
+SURROGATE = ["aepo", "aspo", "cegppo", "cispo", "gppo", "gspo"]
 
 
 def test_every_registered_loss_is_covered_by_a_gradient_check():
@@ -289,6 +289,9 @@ def _weights(name, r, a, low):
         return pick(((a > 0) & (r > 1.2), 1.2), ((a < 0) & (r < 0.8), 0.6), ((a < 0) & (r > 10), 0.0), default=r)
     if name == "cispo":  # clip(r, 0, 5)
         return r.clamp(0.0, 5.0)
+    if name == "aepo":  # clip 0.2 / 0.2, c 3; high-entropy A>0 r>1.2 keeps weight 1.2 (rescale 1)
+        return pick(((a > 0) & (r > 1.2) & ~low, 1.2), ((a > 0) & (r > 1.2), 0.0), ((a < 0) & (r < 0.8), 0.0),
+                    ((a < 0) & (r > 3), 0.0), default=r)
     if name == "aspo":  # eps 0.2 (low entropy) / 0.4 (high), c 3
         eps = torch.where(low, torch.full_like(r, 0.2), torch.full_like(r, 0.4))
         pos = pick((r > 1 + eps, 0.0), (r < 1 / 3, 3.0), default=1 / r)
@@ -297,10 +300,10 @@ def _weights(name, r, a, low):
     raise KeyError(name)
 
 
-@pytest.mark.parametrize("name", ["aspo", "cegppo", "cispo", "gppo"])
+@pytest.mark.parametrize("name", ["aepo", "aspo", "cegppo", "cispo", "gppo"])
 def test_surrogate_gradients_match_the_weight_table(name):
     lp, old, adv, mask, ent, ref = _random_case(3, b=8, t=9, scale=1.0)
-    kw = {"entropy": ent, "kl_coef": 0.0} if name == "aspo" else {}
+    kw = {"entropy": ent, "kl_coef": 0.0} if name == "aspo" else {"entropy": ent} if name == "aepo" else {}
     out, grad = _loss_and_grad(name, lp, old, adv, mask, **kw)
     r = (lp - old).detach().exp()
     low = low_entropy_mask(ent, mask)
@@ -356,3 +359,16 @@ def test_micro_batch_invariance(name, agg):
     (g_split,) = torch.autograd.grad(total, lp)
     torch.testing.assert_close(total, full.loss)
     torch.testing.assert_close(g_split, g_full)
+
+
+def test_aepo_preserves_high_entropy_clipped_gradients_and_upweights_their_advantages():
+    lp, old, adv, mask = _row([1.5, 1.5, 1.1], [1, 1, 1])
+    ent = torch.tensor([[1.0, 9.0, 2.0]], dtype=D)  # 0.8 quantile of [1, 2, 9] = 2 + 0.6*7 = 6.2: token 1 is high
+    out, grad = _loss_and_grad("aepo", lp, old, adv, mask, entropy=ent, high_entropy_rescale=0.5,
+                               high_entropy_adv_weight=1.0)
+    # token 0 (low, r 1.5 > 1.2): PPO clip, value -1.2, w 0
+    # token 1 (high, A -> 2 by the up-weight, r 1.5): preserved: value -2 * 0.5 * 1.2 = -1.2, grad -2 * 0.6 = -1.2
+    # token 2 (low, r 1.1): value -1.1, w 1.1
+    _close(out.loss, (-1.2 - 1.2 - 1.1) / 3)
+    _close(grad, T([[0.0, -1.2, -1.1]]) / 3)
+    assert out.metrics["preserved_frac"] == pytest.approx(1 / 3)

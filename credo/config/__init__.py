@@ -9,6 +9,7 @@ from credo.config.loader import (
     resolve_preset,
 )
 from credo.config.schema import (
+    AgentConfig,
     AlgoConfig,
     CheckpointConfig,
     CriticConfig,
@@ -24,7 +25,7 @@ from credo.config.schema import (
 )
 
 __all__ = [
-    "AlgoConfig", "CheckpointConfig", "ConfigError", "CriticConfig", "EvalConfig", "LogConfig", "ModelConfig", "RewardConfig",
+    "AgentConfig", "AlgoConfig", "CheckpointConfig", "ConfigError", "CriticConfig", "EvalConfig", "LogConfig", "ModelConfig", "RewardConfig",
     "RolloutConfig", "RunConfig", "TaskConfig", "TrainConfig", "WarmStartConfig", "config_from_dict",
     "config_to_dict", "dump_config", "load_config", "parse_override", "resolve_preset",
 ]

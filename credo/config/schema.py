@@ -108,6 +108,36 @@ class CriticConfig:
 
 
 @dataclass
+class AgentConfig:
+    envs: list = opt(None, "environments for multi-turn agent RL (credo env list); empty = single-turn tasks",
+                     factory=list)
+    env_weights: list | None = opt(None, "mixture weights of envs (per-sample routing); null = uniform")
+    env_params: dict = opt(None, "per-environment parameters, e.g. {maze: {size: 5}}", factory=dict)
+    server_urls: dict = opt(None, "per-environment HTTP servers (AgentGym contract); others run in-process",
+                            factory=dict)
+    stages: list = opt(None, "sequential training: [{envs: [calc], steps: 50}, {envs: [maze], steps: 50}]",
+                       factory=list)
+    eval_envs: list = opt(None, "environments evaluated on held-out tasks (default: every training env)",
+                          factory=list)
+    max_turns: int = opt(4, "turn cap per episode (fixed horizon)", min=1)
+    horizon_schedule: str = opt("fixed", "ScalingInter-RL: fixed or stepwise", choices=("fixed", "stepwise"))
+    horizon_rounds: list = opt(None, "stepwise horizons, e.g. [2, 4, 6]", factory=list)
+    horizon_period: int = opt(100, "steps per stepwise horizon stage", min=1)
+    eval_max_turns: int | None = opt(None, "turn cap at evaluation (null = the largest training horizon)", min=1)
+    max_tokens_per_turn: int = opt(24, "generated tokens per assistant turn", min=1)
+    max_response_tokens: int = opt(256, "token budget of a whole episode after the prompt", min=8)
+    threads: int = opt(8, "concurrent environment steps", min=1)
+    timeout_s: float = opt(30.0, "per-call timeout of HTTP environments", min=0.01)
+    retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0)
+    reward_placement: str = opt("last_action", "outcome reward on the last action token (credo) or the last "
+                                "response token (AgentGym-RL reference)", choices=("last_action", "last_token"))
+    template: str = opt("auto", "turn template: plain (credo's character models), chat (tokenizer's chat "
+                        "template) or auto", choices=("auto", "plain", "chat"))
+    branching: str = opt("none", "branching rollouts: none, arpo or aepo", choices=("none", "arpo", "aepo"))
+    branch_args: dict = opt(None, "branching hyperparameters (docs/agents.md)", factory=dict)
+
+
+@dataclass
 class TrainConfig:
     steps: int = opt(200, "RL steps (one rollout batch each)", min=0)
     prompts_per_step: int = opt(16, "prompts per step; sequences = prompts_per_step * group_size", min=1)
@@ -168,6 +198,7 @@ class RunConfig:
     algo: AlgoConfig = opt(None, factory=AlgoConfig)
     train: TrainConfig = opt(None, factory=TrainConfig)
     critic: CriticConfig = opt(None, factory=CriticConfig)
+    agent: AgentConfig = opt(None, factory=AgentConfig)
     warm_start: WarmStartConfig = opt(None, factory=WarmStartConfig)
     eval: EvalConfig = opt(None, factory=EvalConfig)
     checkpoint: CheckpointConfig = opt(None, factory=CheckpointConfig)

@@ -91,6 +91,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     turns: list[tuple[int, int]] = field(default_factory=list)
     turn_entropy: list[float] = field(default_factory=list)  # per turn, for branching rollouts
+    actions: list[str] = field(default_factory=list)  # the text of every assistant turn (to replay an env)
     done: bool = False
     reward: float = 0.0
     success: bool = False
@@ -98,7 +99,8 @@ class Episode:
     invalid_actions: int = 0
     env_failure: str = ""
     cut: str = ""  # why the episode stopped without the environment ending it
-    branched_from: int | None = None  # index of the episode this one was copied from (branching)
+    branched_from: int | None = None  # index in its group of the episode this one was copied from (branching)
+    fork_at: int = 0  # response tokens shared with that episode
 
     def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.response_ids += ids
@@ -154,6 +156,7 @@ class AgentLoop:
                                    else 0.0)
             ended = cont.ids and cont.ids[-1] == self.template.end_of_turn
             texts.append(self.tokenizer.decode(cont.ids[:-1] if ended else cont.ids, skip_special_tokens=True))
+            ep.actions.append(texts[-1])
         self._parallel(lambda pair: self._step(*pair), list(zip(active, texts)))
         return [ep for ep in active if not ep.done]
 
@@ -208,7 +211,7 @@ def to_trajectory(ep: Episode, tokenizer) -> tuple[Trajectory, RewardResult]:
     finish = "eos" if ep.done and not ep.cut and not ep.env_failure else "length"
     info = {"num_turns": len(ep.turns), "tool_calls": ep.tool_calls, "invalid_actions": ep.invalid_actions,
             "env_failure": ep.env_failure, "success": ep.success, "cut": ep.cut, "env": ep.client.name,
-            "branched_from": ep.branched_from}
+            "branched_from": ep.branched_from, "fork_at": ep.fork_at}
     traj = Trajectory(example=ep.example, group_id=ep.group_id, prompt_ids=ep.prompt_ids, response_ids=ep.response_ids,
                       rollout_logprobs=ep.logprobs, response_mask=ep.mask, finish_reason=finish,
                       response_text=tokenizer.decode(ep.response_ids, skip_special_tokens=True), turns=ep.turns,

@@ -5,10 +5,11 @@ import torch
 
 
 def sequence_scores(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) sequence score R_i: ``rewards`` itself if (B,), else the masked sum of (B, T) token rewards."""
+    """(B,) sequence score R_i: ``rewards`` itself if (B,), else the sum over the response of (B, T) token
+    rewards, mask or no mask (verl sums ``token_level_rewards``; a reward on an environment token counts)."""
     if rewards.dim() == 1:
         return rewards.float()
-    return (rewards * response_mask).sum(-1).float()
+    return rewards.sum(-1).float()
 
 
 def token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -156,3 +156,47 @@ def archer_loss(
         aux = low_entropy_kl_coef * kl_low + high_entropy_kl_coef * kl_high
         scalars = {"kl_loss_low_entropy": float(kl_low.detach()), "kl_loss_high_entropy": float(kl_high.detach())}
     return TokenLoss(loss=loss, token_metrics=metrics, metrics=scalars, aux_loss=aux)
+
+
+@register_policy_loss("aepo", needs=("entropy",))
+def aepo_loss(
+    *,
+    logprobs: torch.Tensor,  # (B, T)
+    old_logprobs: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+    entropy: torch.Tensor | None = None,  # (B, T) current-policy entropy
+    ref_logprobs: torch.Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float = 3.0,
+    entropy_quantile: float = 0.8,
+    high_entropy_rescale: float = 1.0,
+    high_entropy_adv_weight: float = 0.0,
+) -> TokenLoss:
+    """AEPO's entropy-balanced update (``seed-algorithms.md`` §8; [paper, secondary], reading [derived]).
+
+    PPO-clip with dual clip (ARPO's 0.2 / 0.2 / 3), except that high-entropy tokens (above their response's
+    ``entropy_quantile``, as Archer / ASPO split) with A > 0 and r > 1 + clip_high keep a gradient of weight
+    high_entropy_rescale * (1 + clip_high) through the GPPO stop-gradient trick instead of zero, and the
+    advantages of high-entropy tokens are multiplied by (1 + high_entropy_adv_weight) (entropy-aware
+    advantage). The paper gives no values for the two factors: the defaults (1.0, 0.0) are credo's.
+    """
+    valid = response_mask.bool()
+    high = valid & ~low_entropy_mask(entropy, response_mask, entropy_quantile)
+    adv = advantages * torch.where(high, torch.full_like(advantages, 1.0 + high_entropy_adv_weight),
+                                   torch.ones_like(advantages))
+    delta = log_ratio(logprobs, old_logprobs)
+    ratio = delta.exp()
+    carrier = (delta - delta.detach()).exp()
+    preserve = high & (adv > 0) & (ratio > 1.0 + clip_high)
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clipped = torch.maximum(pg1, pg2)
+    clipped = torch.where(preserve, -adv * (high_entropy_rescale * (1.0 + clip_high)) * carrier, clipped)
+    neg = adv < 0
+    loss = torch.where(neg, torch.minimum(clipped, -adv * clip_c), clipped)
+    metrics = {"pg_clipfrac": (pg2 > pg1).float(), "pg_clipfrac_lower": ((clipped > -adv * clip_c) & neg).float(),
+               "high_entropy_frac": high.float(), "preserved_frac": preserve.float(), "ppo_kl": -delta.detach(),
+               "ratio": ratio.detach()}
+    return TokenLoss(loss=loss, token_metrics=metrics)

@@ -1,0 +1,214 @@
+"""Agent RL plumbing for the recipe: env task data, clients, rollout collection, evaluation, oracle demos.
+
+Selected by ``agent.envs`` in the config; the recipe calls the same stages as for single-turn tasks.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from collections import defaultdict
+
+import torch
+
+from credo.config import RunConfig
+from credo.envs import HTTPEnvClient, LocalEnvClient, eval_task_ids, get_env_spec, train_task_ids
+from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
+from credo.rollout.branching import branched_rollouts
+from credo.train.batch import collate
+from credo.train.horizon import horizon
+from credo.train.sampling import Rollouts
+from credo.train.stats import rollout_metrics
+from credo.types import Example, RewardResult, SamplingParams, Trajectory
+
+
+# ----------------------------------------------------------------------------- data
+
+def env_examples(env: str, task_ids: list[int], split: str) -> list[Example]:
+    return [Example(prompt=f"{env}:{tid}", answer="", uid=f"{env}/{split}/{tid}", meta={"env": env, "task_id": tid})
+            for tid in task_ids]
+
+
+def agent_train_examples(envs: list[str], weights: list[float] | None, size: int, seed: int) -> list[Example]:
+    """A mixture over ``envs``: each training task is routed to one environment by ``weights``."""
+    rng = random.Random(f"credo/env-mixture/{seed}")
+    ids = train_task_ids(size, seed)
+    chosen = rng.choices(envs, weights=weights, k=size) if len(envs) > 1 else [envs[0]] * size
+    return [env_examples(env, [tid], "train")[0] for env, tid in zip(chosen, ids)]
+
+
+def agent_eval_examples(envs: list[str], size: int) -> list[Example]:
+    return [ex for env in envs for ex in env_examples(env, eval_task_ids(size), "eval")]
+
+
+def stage_envs(cfg: RunConfig) -> list[list[str]]:
+    """The environment set of every training stage (one stage unless ``agent.stages`` is set)."""
+    a = cfg.agent
+    return [list(s["envs"]) for s in a.stages] if a.stages else [list(a.envs)]
+
+
+def stage_of(cfg: RunConfig, step: int) -> int:
+    """Index of the stage that 0-indexed RL ``step`` belongs to (the last stage runs on to the end)."""
+    end = 0
+    for i, stage in enumerate(cfg.agent.stages):
+        end += int(stage["steps"])
+        if step < end:
+            return i
+    return max(len(cfg.agent.stages) - 1, 0)
+
+
+# ----------------------------------------------------------------------------- clients and loop
+
+def make_client(cfg: RunConfig, env: str):
+    a = cfg.agent
+    if env in a.server_urls:
+        return HTTPEnvClient(a.server_urls[env], env, timeout_s=a.timeout_s, retries=a.retries)
+    return LocalEnvClient(env, **a.env_params.get(env, {}))
+
+
+def make_template(cfg: RunConfig, tokenizer) -> AgentTemplate:
+    kind = cfg.agent.template
+    if kind == "auto":
+        kind = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+    return chat_template(tokenizer) if kind == "chat" else plain_template(tokenizer)
+
+
+def make_loop(cfg: RunConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop:
+    a = cfg.agent
+    return AgentLoop(engine, tokenizer, make_template(cfg, tokenizer), max_turns=max_turns,
+                     max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
+                     threads=a.threads, top_logprobs=int(a.branch_args.get("top_logprobs", 10)) if a.branching != "none"
+                     else 0)
+
+
+def step_horizon(cfg: RunConfig, step: int) -> int:
+    """Turn cap at 0-indexed RL ``step`` (the schedule's formula uses 1-indexed steps)."""
+    a = cfg.agent
+    return horizon(step + 1, schedule=a.horizon_schedule, max_turns=a.max_turns, rounds=a.horizon_rounds,
+                   period=a.horizon_period)
+
+
+def eval_horizon(cfg: RunConfig) -> int:
+    a = cfg.agent
+    return a.eval_max_turns or max([a.max_turns, *a.horizon_rounds])
+
+
+def run_episodes(cfg: RunConfig, loop: AgentLoop, examples: list[Example], n: int, sampling: SamplingParams,
+                 *, branching: str = "none", generator: torch.Generator | None = None):
+    """(trajectories, rewards, branch stats): ``n`` episodes per example, plain or branched."""
+    group_ids = [g for g in range(len(examples)) for _ in range(n)]
+    if branching != "none":
+        return branched_rollouts(loop, examples, n, sampling, lambda ex: make_client(cfg, ex.meta["env"]),
+                                 method=branching, generator=generator, **cfg.agent.branch_args)
+    reps = [ex for ex in examples for _ in range(n)]
+    clients = [make_client(cfg, ex.meta["env"]) for ex in reps]
+    try:
+        episodes = loop.run(reps, clients, group_ids, sampling)
+    finally:
+        for c in clients:
+            c.close()
+    pairs = [to_trajectory(ep, loop.tokenizer) for ep in episodes]
+    return [p[0] for p in pairs], [p[1] for p in pairs], {}
+
+
+def collect_agent_rollouts(cfg: RunConfig, engine, tokenizer, sampler, *, step: int, sampling: SamplingParams,
+                           timer) -> Rollouts:
+    max_turns = step_horizon(cfg, step)
+    loop = make_loop(cfg, engine, tokenizer, max_turns=max_turns)
+    with timer("gen"):
+        prompts = sampler.next_batch(cfg.train.prompts_per_step)
+        trajs, results, branch_stats = run_episodes(cfg, loop, prompts, cfg.rollout.group_size, sampling,
+                                                    branching=cfg.agent.branching, generator=engine.generator)
+    metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
+    metrics["agent/max_turns"] = max_turns
+    metrics.update({f"agent/{k}": v for k, v in branch_stats.items()})
+    return Rollouts(trajs, results, metrics)
+
+
+def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix: str) -> dict[str, float]:
+    n = max(len(trajs), 1)
+    turn_tokens = [e - s for t in trajs for s, e in t.turns]
+    out = {
+        f"{prefix}/success_rate": sum(r.correct for r in results) / n,
+        f"{prefix}/turns_mean": sum(t.info["num_turns"] for t in trajs) / n,
+        f"{prefix}/tool_calls_mean": sum(t.info["tool_calls"] for t in trajs) / n,
+        f"{prefix}/invalid_actions_mean": sum(t.info["invalid_actions"] for t in trajs) / n,
+        f"{prefix}/env_failures": sum(bool(t.info["env_failure"]) for t in trajs),
+        f"{prefix}/tokens_per_turn": statistics.fmean(turn_tokens) if turn_tokens else 0.0,
+        f"{prefix}/cut_by_horizon": sum(t.info["cut"] == "max_turns" for t in trajs) / n,
+    }
+    by_env: dict[str, list[bool]] = defaultdict(list)
+    for r, t in zip(results, trajs):
+        by_env[t.info["env"]].append(r.correct)
+    if len(by_env) > 1:
+        out.update({f"{prefix}/{env}/success_rate": sum(v) / len(v) for env, v in by_env.items()})
+    return out
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def evaluate_agent(cfg: RunConfig, engine, tokenizer, examples: list[Example], *, seed: int) -> dict[str, float]:
+    """Held-out success: greedy (one episode per task) and avg@k / pass@k of k sampled episodes; per env too."""
+    loop = make_loop(cfg, engine, tokenizer, max_turns=eval_horizon(cfg))
+    greedy = SamplingParams(greedy=True)
+    g_trajs, g_res, _ = run_episodes(cfg, loop, examples, 1, greedy)
+    k = cfg.eval.k
+    s_trajs, s_res, _ = run_episodes(cfg, loop, examples, k, SamplingParams(temperature=cfg.eval.temperature,
+                                                                            seed=seed))
+    correct = [r.correct for r in s_res]
+    out = {"eval/greedy_acc": sum(r.correct for r in g_res) / max(len(g_res), 1),
+           f"eval/avg@{k}": sum(correct) / max(len(correct), 1),
+           f"eval/pass@{k}": sum(any(correct[i * k:(i + 1) * k]) for i in range(len(examples))) / max(len(examples), 1),
+           "eval/turns_mean": sum(t.info["num_turns"] for t in g_trajs) / max(len(g_trajs), 1),
+           "eval/env_failures": sum(r.failed for r in g_res + s_res)}
+    envs = sorted({ex.meta["env"] for ex in examples})
+    for env in envs if len(envs) > 1 else []:
+        rows = [r.correct for t, r in zip(g_trajs, g_res) if t.info["env"] == env]
+        out[f"eval/{env}/greedy_success"] = sum(rows) / max(len(rows), 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- oracle demonstrations
+
+def oracle_batch(cfg: RunConfig, tokenizer, examples: list[Example]):
+    """A TrainBatch of oracle episodes (assistant turns mask 1, observations mask 0) for the SFT warm start."""
+    template = make_template(cfg, tokenizer)
+    trajs = [oracle_trajectory(cfg, tokenizer, template, ex) for ex in examples]
+    return collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tokenizer.pad_token_id)
+
+
+def oracle_trajectory(cfg: RunConfig, tokenizer, template: AgentTemplate, ex: Example) -> Trajectory:
+    env_name = ex.meta["env"]
+    spec = get_env_spec(env_name)
+    client = LocalEnvClient(env_name, **cfg.agent.env_params.get(env_name, {}))
+    obs = client.reset(int(ex.meta["task_id"]))
+    prompt = template.prompt(client.instruction, obs)
+    ids: list[int] = []
+    mask: list[int] = []
+    turns = []
+    for _ in range(eval_horizon(cfg)):
+        action = list(tokenizer(spec.oracle(client.env, obs), add_special_tokens=False)["input_ids"])
+        ids += template.assistant_prefix
+        mask += [0] * len(template.assistant_prefix)
+        turns.append((len(ids), len(ids) + len(action) + 1))
+        ids += action + [template.end_of_turn]
+        mask += [1] * (len(action) + 1)
+        result = client.step(tokenizer.decode(action))
+        if result.done:
+            break
+        obs = result.observation
+        obs_ids = template.observation(obs)
+        ids += obs_ids
+        mask += [0] * len(obs_ids)
+    return Trajectory(example=ex, group_id=0, prompt_ids=prompt, response_ids=ids, rollout_logprobs=[0.0] * len(ids),
+                      response_mask=mask, finish_reason="eos", turns=turns)
+
+
+def reward_tensor(cfg: RunConfig, scores: torch.Tensor, trajs: list[Trajectory], response_len: int) -> torch.Tensor:
+    """Rewards for the estimator: scores (B,) for the default placement (last action token), or (B, T) token
+    rewards on the last response token for the AgentGym-RL reference placement."""
+    if cfg.agent.reward_placement == "last_action":
+        return scores
+    out = torch.zeros(len(trajs), response_len)
+    for i, t in enumerate(trajs):
+        out[i, max(len(t.response_ids) - 1, 0)] = scores[i]
+    return out

@@ -1,0 +1,85 @@
+"""ARPO / AEPO branching rollouts: budget, exact prefix sharing, seeded reproducibility, AEPO's split."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from credo.envs import LocalEnvClient
+from credo.rollout import HFRolloutEngine
+from credo.rollout.agent_loop import AgentLoop, plain_template, segment_entropy
+from credo.rollout.branching import branched_rollouts
+from credo.types import Example, SamplingParams
+
+
+def _setup(tiny_model, max_turns=4):
+    model, tok = tiny_model
+    engine = HFRolloutEngine(model, tok, seed=0)
+    loop = AgentLoop(engine, tok, plain_template(tok), max_turns=max_turns, max_tokens_per_turn=5, threads=1,
+                     top_logprobs=10)
+    examples = [Example(prompt=f"maze:{i}", answer="", uid=str(i), meta={"env": "maze", "task_id": i}) for i in range(3)]
+    return loop, examples
+
+
+def _run(loop, examples, method, seed, **args):
+    return branched_rollouts(loop, examples, 6, SamplingParams(temperature=1.0), lambda ex: LocalEnvClient("maze"),
+                             method=method, generator=torch.Generator().manual_seed(seed), branch_on="any", **args)
+
+
+@pytest.mark.parametrize("method", ["arpo", "aepo"])
+def test_budget_prefix_sharing_and_determinism(tiny_model, method):
+    loop, examples = _setup(tiny_model)
+    trajs, results, stats = _run(loop, examples, method, seed=1, branch_probability=0.9)
+    assert len(trajs) == len(results) == 3 * 6  # the budget is filled and never exceeded
+    for g in range(3):
+        assert sum(t.group_id == g for t in trajs) == 6
+    branches = [t for t in trajs if t.info["branched_from"] is not None]
+    assert branches and stats["branch/branches"] == len(branches)
+    for b in branches:
+        group = [t for t in trajs if t.group_id == b.group_id]
+        src = group[b.info["branched_from"]]
+        k = b.info["fork_at"]
+        assert k > 0 and b.prompt_ids == src.prompt_ids
+        assert b.response_ids[:k] == src.response_ids[:k]  # the shared prefix, token for token
+        assert b.response_mask[:k] == src.response_mask[:k] and b.rollout_logprobs[:k] == src.rollout_logprobs[:k]
+        assert b.response_mask[k - 1] == 0  # the branch point is right after an environment observation
+    # seeded: the same generator seed gives the same rollouts
+    loop2, _ = _setup(tiny_model)
+    loop2.engine.generator.manual_seed(0)
+    loop.engine.generator.manual_seed(0)
+    a = _run(loop, examples, method, seed=5, branch_probability=0.9)[0]
+    b = _run(loop2, examples, method, seed=5, branch_probability=0.9)[0]
+    assert [t.response_ids for t in a] == [t.response_ids for t in b]
+
+
+def test_no_branching_at_probability_zero(tiny_model):
+    loop, examples = _setup(tiny_model)
+    trajs, _, stats = _run(loop, examples, "arpo", seed=2, branch_probability=0.0, entropy_weight=0.0,
+                           initial_rollouts=2)
+    assert stats["branch/branches"] == 0 and stats["branch/global"] == 6 and stats["branch/fill"] == 12
+    assert len(trajs) == 18
+
+
+def test_aepo_budget_split_is_within_bounds(tiny_model):
+    loop, examples = _setup(tiny_model)
+    _, _, stats = _run(loop, examples, "aepo", seed=3, aepo_beta=5.0)
+    assert 1 <= stats["branch/initial_mean"] <= 6
+
+
+def test_unknown_branching_parameter_is_rejected(tiny_model):
+    loop, examples = _setup(tiny_model)
+    with pytest.raises(TypeError, match="no parameter"):
+        _run(loop, examples, "arpo", seed=0, aepo_beta=1.0)
+
+
+def test_segment_entropy_is_arpos_sum_over_top_k():
+    # two tokens, top-2 log-probs each ln(0.5): -sum p log p = 4 * 0.5 ln 2 = 2 ln 2; / ln |V| (|V| = 4)
+    class Tok:
+        def __len__(self):
+            return 4
+
+    lp = torch.full((2, 2), math.log(0.5))
+    assert segment_entropy(lp, Tok()) == pytest.approx(2 * math.log(2) / math.log(4))
+    assert segment_entropy(torch.full((30, 1), math.log(0.5)), Tok(), max_tokens=20) == pytest.approx(
+        20 * 0.5 * math.log(2) / math.log(4))
