@@ -18,9 +18,12 @@ class TaskData:
     name: str
     train: list[Example]
     eval: list[Example]
-    default_reward: str
-    demonstration: Callable[[Example], str]  # a correct response, for SFT warm start
+    default_reward: str | None  # verifier name; None when rewards come from environments (agent RL)
+    demonstration: Callable[[Example], str] | None  # a correct response, for the SFT warm start
     bad_rows: list[BadRow] = field(default_factory=list)
+    # (tokenizer, examples) -> TrainBatch of demonstrations; None = single-turn demonstrations above
+    sft_batch: Callable | None = None
+    stage_train: list[list[Example]] = field(default_factory=list)  # per sequential stage (agent RL)
 
 
 def load_task_data(cfg, *, seed: int) -> TaskData:

@@ -1,6 +1,7 @@
 """Pieces shared by the recipes: run directory, seeding, warm start, evaluation, summary."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -50,10 +51,24 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
 
 
-def reward_runner(cfg: RunConfig, data: TaskData) -> RewardRunner:
+def reward_runner(cfg: RunConfig, data: TaskData):
+    """The verifier pool; a null context for agent RL, whose rewards come from the environments."""
+    if data.default_reward is None and cfg.reward.name is None:
+        return contextlib.nullcontext(None)
     r = cfg.reward
     return RewardRunner(r.name or data.default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
                         failure_score=r.failure_score, workers=r.workers, executor=r.executor)
+
+
+def load_data(cfg: RunConfig, seed: int) -> TaskData:
+    """Environment tasks when ``agent.envs`` is set, else the single-turn task of ``task``."""
+    if cfg.agent.envs or cfg.agent.stages:
+        from credo.train.agent import agent_task_data
+
+        return agent_task_data(cfg, seed)
+    from credo.data.source import load_task_data
+
+    return load_task_data(cfg.task, seed=seed)
 
 
 def warm_start_enabled(cfg: RunConfig, fresh: bool) -> bool:
@@ -69,14 +84,20 @@ def warm_start(cfg: RunConfig, model, tokenizer, data: TaskData, logger: Metrics
             logger.log(step, metrics, file="warm_start.jsonl")
             bar.update(step, metrics)
 
+        batch_fn = (lambda exs: data.sft_batch(tokenizer, exs)) if data.sft_batch else None
         run_sft(model, tokenizer, data.train, data.demonstration, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
-                warmup_steps=w.warmup_steps, seed=cfg.seed, grad_clip=cfg.train.grad_clip, on_step=on_step)
+                warmup_steps=w.warmup_steps, seed=cfg.seed, grad_clip=cfg.train.grad_clip, batch_fn=batch_fn,
+                on_step=on_step)
 
 
 def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, step: int) -> dict[str, float]:
     examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
     if not examples:
         return {}
+    if data.default_reward is None:  # agent RL: episodes against the environments
+        from credo.train.agent import evaluate_agent
+
+        return evaluate_agent(cfg, engine, engine.tokenizer, examples, seed=cfg.seed * 7919 + step)
     return evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed * 7919 + step,
                     samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")

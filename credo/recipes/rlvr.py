@@ -28,9 +28,10 @@ from credo.algo import advantage_requirements, compute_advantages, kl_penalty, m
 from credo.algo.advantages import discounted_returns, explained_variance, token_rewards
 from credo.config import RunConfig
 from credo.data import PromptSampler
-from credo.data.source import TaskData, load_task_data
+from credo.data.source import TaskData
 from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
 from credo.recipes.common import (
+    load_data,
     prepare_run_dir,
     reward_runner,
     run_eval,
@@ -50,6 +51,7 @@ from credo.train.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.progress import StepProgress
 from credo.train.sampling import collect_rollouts
+from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.stats import Timer
 from credo.train.update import update_critic, update_policy
 from credo.types import SamplingParams, TrainBatch
@@ -86,6 +88,7 @@ class Parts:
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: Any = None
+    stage_samplers: list[PromptSampler] = field(default_factory=list)  # sequential agent training stages
 
 
 # ============================================================================ entry point
@@ -94,7 +97,7 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
     """Run (or resume) RL training; returns the run directory."""
     run_dir = prepare_run_dir(cfg, run_dir, resume)
     seed_everything(cfg.seed, cfg.train.threads)
-    data = load_task_data(cfg.task, seed=cfg.seed)
+    data = load_data(cfg, cfg.seed)
     ckpt = latest_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         raise FileNotFoundError(f"no complete checkpoint in {run_dir}/checkpoints; start a new run instead")
@@ -108,6 +111,7 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
             model=model, tokenizer=tokenizer, runner=runner, data=data, logger=logger, optimizer=optimizer,
             engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size),
             sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
+            stage_samplers=[PromptSampler(exs, seed=cfg.seed + i) for i, exs in enumerate(data.stage_train)],
         )
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, run_dir)
@@ -165,11 +169,16 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
     timer = Timer()
     a, micro, temperature = cfg.algo, cfg.train.micro_batch_size, cfg.rollout.temperature
     with timer("step"):
-        rollouts = collect_rollouts(
-            parts.engine, parts.runner, parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
-            group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
-            dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
-            overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
+        if parts.runner is None:  # agent RL: multi-turn episodes, rewards from the environments
+            sampler = parts.stage_samplers[stage_of(cfg, step)] if parts.stage_samplers else parts.sampler
+            rollouts = collect_agent_rollouts(cfg, parts.engine, parts.tokenizer, sampler, step=step,
+                                              sampling=sampling_params(cfg), timer=timer)
+        else:
+            rollouts = collect_rollouts(
+                parts.engine, parts.runner, parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
+                group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
+                dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
+                overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
         metrics = rollouts.metrics
         if not rollouts.trajs:  # every group was filtered out: nothing to learn from this step
             return metrics | timer.metrics() | {"train/skipped_step": 1}
@@ -184,7 +193,9 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
         if parts.critic is not None:
             with timer("values"):
                 batch.values = batched_values(parts.critic, batch, micro_batch_size=micro)
-        rewards = apply_reference(cfg, parts, batch, metrics, timer)
+        rewards = batch.scores if parts.runner is not None else \
+            reward_tensor(cfg, batch.scores, rollouts.trajs, batch.responses.shape[1])  # agent reward placement
+        rewards = apply_reference(cfg, parts, batch, metrics, timer, rewards)
         with timer("adv"):
             inputs = advantage_inputs(cfg, parts, batch, rollouts.trajs, adv_needs, token_stats, state, timer)
             adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
@@ -204,22 +215,25 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
     return metrics
 
 
-def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: dict, timer: Timer) -> torch.Tensor:
-    """Reference log-probs when a KL term needs them; returns the rewards (KL-penalised if kl_in_reward)."""
+def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: dict, timer: Timer,
+                    rewards: torch.Tensor) -> torch.Tensor:
+    """Reference log-probs when a KL term needs them; returns ``rewards`` ((B,) scores or (B, T) token rewards),
+    KL-penalised per token if ``algo.kl_in_reward``."""
     a = cfg.algo
     if parts.ref_model is None:
-        return batch.scores
+        return rewards
     with timer("ref"):
         batch.ref_logprobs, _ = batched_logprobs(parts.ref_model, batch, micro_batch_size=cfg.train.micro_batch_size,
                                                  temperature=cfg.rollout.temperature)
     kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.response_mask  # (B, T)
     metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask))
     if not (a.kl_in_reward and a.kl_coef > 0):
-        return batch.scores
-    # token-level rewards, as verl: the score on the last response token minus kl_coef * KL_t on every token
+        return rewards
+    # token-level rewards, as verl: the score on its token minus kl_coef * KL_t on every token
     metrics["actor/reward_kl_penalty"] = float((a.kl_coef * kl.sum(-1)).mean())
     metrics["actor/reward_kl_penalty_coeff"] = a.kl_coef
-    return token_rewards(batch.scores, batch.response_mask) - a.kl_coef * kl
+    token_scores = rewards if rewards.dim() == 2 else token_rewards(rewards, batch.response_mask)
+    return token_scores - a.kl_coef * kl
 
 
 def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, needs: tuple[str, ...],
@@ -321,7 +335,7 @@ def load_reference(cfg: RunConfig, run_dir: Path):
 def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
     saved = {"run": copy.deepcopy(state.__dict__), "optimizer": parts.optimizer.state_dict(),
              "scheduler": parts.scheduler.state_dict(), "rng": rng_state(), "engine": parts.engine.state_dict(),
-             "sampler": parts.sampler.state_dict()}
+             "sampler": parts.sampler.state_dict(), "stage_samplers": [s.state_dict() for s in parts.stage_samplers]}
     if parts.critic is not None:
         saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
         saved["critic_scheduler"] = parts.critic_scheduler.state_dict()
@@ -334,6 +348,8 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
     parts.scheduler.load_state_dict(saved["scheduler"])
     parts.engine.load_state_dict(saved["engine"])
     parts.sampler.load_state_dict(saved["sampler"])
+    for sampler, st in zip(parts.stage_samplers, saved.get("stage_samplers", [])):
+        sampler.load_state_dict(st)
     if (ckpt / "critic").is_dir():
         attach_critic(cfg, parts, ValueModel.load(ckpt / "critic", cfg.model.device))
         parts.critic_optimizer.load_state_dict(saved["critic_optimizer"])

@@ -212,3 +212,21 @@ def reward_tensor(cfg: RunConfig, scores: torch.Tensor, trajs: list[Trajectory],
     for i, t in enumerate(trajs):
         out[i, max(len(t.response_ids) - 1, 0)] = scores[i]
     return out
+
+
+def agent_task_data(cfg: RunConfig, seed: int):
+    """TaskData of environment tasks: a training mixture (per stage when ``agent.stages`` is set) and held-out
+    evaluation tasks of every evaluated environment."""
+    from credo.data.source import TaskData
+
+    t, a = cfg.task, cfg.agent
+    data_seed = t.seed if t.seed is not None else seed
+    stages = stage_envs(cfg)
+    stage_train = [agent_train_examples(envs, a.env_weights if not a.stages else None, t.train_size, data_seed + i)
+                   for i, envs in enumerate(stages)]
+    eval_envs = a.eval_envs or sorted({env for envs in stages for env in envs})
+    train = [ex for exs in stage_train for ex in exs] if a.stages else stage_train[0]  # warm start sees every stage
+    return TaskData(name="agent:" + "+".join(sorted({e for envs in stages for e in envs})), train=train,
+                    eval=agent_eval_examples(eval_envs, t.eval_size), default_reward=None, demonstration=None,
+                    sft_batch=lambda tokenizer, exs: oracle_batch(cfg, tokenizer, exs),
+                    stage_train=stage_train if a.stages else [])

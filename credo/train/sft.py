@@ -5,7 +5,7 @@ Loss: token-mean negative log-likelihood of the demonstration response (plus EOS
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -33,10 +33,19 @@ def sft_loss(model: torch.nn.Module, batch) -> torch.Tensor:
     return agg_loss(-logprobs, batch.response_mask, "token-mean")
 
 
-def run_sft(model, tokenizer, examples: list[Example], demonstration: Callable[[Example], str], *, steps: int,
-            batch_size: int, lr: float, warmup_steps: int = 0, seed: int = 0, grad_clip: float = 1.0,
+def run_sft(model, tokenizer, examples: list[Example], demonstration: Callable[[Example], str] | None = None, *,
+            steps: int, batch_size: int, lr: float, warmup_steps: int = 0, seed: int = 0, grad_clip: float = 1.0,
+            batch_fn: Callable[[list[Example]], Any] | None = None,
             on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
-    """Run ``steps`` SFT steps on random demonstrations; returns the per-step metrics."""
+    """Run ``steps`` SFT steps on random demonstrations; returns the per-step metrics.
+
+    ``batch_fn(examples) -> TrainBatch`` builds the batches (multi-turn episodes, whose loss mask covers the
+    model's turns only); by default the single-turn ``demonstration(example)`` responses.
+    """
+    if batch_fn is None:
+        if demonstration is None:
+            raise ValueError("run_sft needs demonstration or batch_fn")
+        batch_fn = lambda exs: demonstration_batch(tokenizer, exs, demonstration)  # noqa: E731
     if not examples:
         raise ValueError("SFT needs at least one example")
     rng = random.Random(f"credo/sft/{seed}")
@@ -45,7 +54,7 @@ def run_sft(model, tokenizer, examples: list[Example], demonstration: Callable[[
     model.train()
     history = []
     for step in range(steps):
-        batch = demonstration_batch(tokenizer, rng.choices(examples, k=batch_size), demonstration)
+        batch = batch_fn(rng.choices(examples, k=batch_size))
         loss = sft_loss(model, batch)
         loss.backward()
         lr_now = scheduler.get_last_lr()[0]
