@@ -83,3 +83,49 @@ def test_segment_entropy_is_arpos_sum_over_top_k():
     assert segment_entropy(lp, Tok()) == pytest.approx(2 * math.log(2) / math.log(4))
     assert segment_entropy(torch.full((30, 1), math.log(0.5)), Tok(), max_tokens=20) == pytest.approx(
         20 * 0.5 * math.log(2) / math.log(4))
+
+
+def _fake_state(method_params: dict, draws: list[float]):
+    """A branching state over one prompt with one episode whose entropies are set by hand; ``_u`` replays
+    ``draws`` and ``_fork`` copies the episode without an environment."""
+    from types import SimpleNamespace
+
+    from credo.rollout.branching import AEPO_DEFAULTS, _State
+
+    st = _State(loop=None, examples=[None], n=8, sampling=None, client_factory=None,
+                params={**AEPO_DEFAULTS, **method_params}, gen=None)
+    ep = SimpleNamespace(done=False, tool_calls=1, turn_entropy=[1.0, 1.0])
+    st.groups = [[ep]]
+    it = iter(draws)
+    st._u = lambda: next(it)
+    st._fork = lambda src, g: SimpleNamespace(done=True, tool_calls=1, turn_entropy=list(src.turn_entropy))
+    return st, ep
+
+
+def test_aepo_consecutive_branch_penalty():
+    # entropy change 0 -> base branch probability 0.5; penalty 0.5 -> 0.5 * (1 - 0.5)^k after k consecutive
+    # branching rounds. One draw u per round (beam_size 2: at most one branch per episode per round).
+    st, ep = _fake_state({"branch_probability": 0.5, "entropy_weight": 0.2, "consecutive_penalty": 0.5},
+                         [0.3, 0.3, 0.3, 0.2, 0.2, 0.2])
+    made = []
+    for _ in range(6):
+        before = len(st.groups[0])
+        st._branch([ep], aepo=True)
+        made.append(len(st.groups[0]) - before)
+    # round 1: p 0.5, u 0.3 -> branch; round 2: p 0.25, u 0.3 -> no (the streak resets); round 3: p 0.5 -> branch;
+    # round 4: p 0.25, u 0.2 -> branch; round 5: p 0.125, u 0.2 -> no; round 6: p 0.5 -> branch
+    assert made == [1, 0, 1, 1, 0, 1]
+    # ARPO has no such penalty: the same draws branch every round
+    st, ep = _fake_state({"branch_probability": 0.5, "entropy_weight": 0.2}, [0.3, 0.3, 0.3])
+    for _ in range(3):
+        st._branch([ep], aepo=False)
+    assert len(st.groups[0]) == 4
+
+
+def test_arpo_branch_probability_follows_the_entropy_change():
+    # H_init 1.0, H_t 2.0, weight 0.2: p = clip(0.5 + 0.2 * 1.0) = 0.7 -> u 0.69 branches, u 0.71 does not
+    for u, expected in ((0.69, 1), (0.71, 0)):
+        st, ep = _fake_state({"branch_probability": 0.5, "entropy_weight": 0.2}, [u])
+        ep.turn_entropy = [1.0, 2.0]
+        st._branch([ep], aepo=False)
+        assert len(st.groups[0]) - 1 == expected

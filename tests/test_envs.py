@@ -2,15 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +21,7 @@ from credo.envs import (
     train_task_ids,
 )
 from credo.envs.builtin import safe_eval, wordle_marks
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.env_util import env_server, free_port
 
 
 def test_registry_and_splits():
@@ -106,37 +100,10 @@ def test_oracles_solve_their_environments(name):
 
 # ----------------------------------------------------------------------------- HTTP server and client
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_up(url: str, proc=None, timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/observation?id=-1", timeout=1)
-        except urllib.error.HTTPError:
-            return  # the server answered (404 for the unknown id)
-        except OSError:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(proc.stderr.read().decode()[-2000:])
-            time.sleep(0.1)
-    raise TimeoutError(url)
-
-
 @pytest.fixture(scope="module")
 def calc_server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "env", "serve", "calc", "--port", str(port)],
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    _wait_up(url, proc)
-    yield url, proc
-    proc.terminate()
-    proc.wait(timeout=10)
+    with env_server("calc") as (url, proc):
+        yield url, proc
 
 
 def test_http_client_plays_an_episode_against_a_real_server(calc_server):
@@ -216,21 +183,17 @@ def test_env_faults_raise_env_error(faulty, mode, message):
 
 
 def test_refused_connection_is_retried_then_an_env_error():
-    client = HTTPEnvClient(f"http://127.0.0.1:{_free_port()}", "calc", timeout_s=0.5, retries=2, backoff_s=0.01)
+    client = HTTPEnvClient(f"http://127.0.0.1:{free_port()}", "calc", timeout_s=0.5, retries=2, backoff_s=0.01)
     with pytest.raises(EnvError, match="connection refused"):
         client.reset(0)
 
 
-def test_server_killed_mid_episode(calc_server):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "env", "serve", "maze", "--port", str(port)],
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    _wait_up(url, proc)
-    client = HTTPEnvClient(url, "maze", timeout_s=2, retries=1, backoff_s=0.01)
-    client.reset(0)
-    proc.kill()
-    proc.wait()
-    with pytest.raises(EnvError):
-        client.step("<move>up</move>")
+def test_server_killed_mid_episode():
+    with env_server("maze") as (url, proc):
+        client = HTTPEnvClient(url, "maze", timeout_s=2, retries=1, backoff_s=0.01)
+        client.reset(0)
+        proc.kill()
+        proc.wait()
+        with pytest.raises(EnvError):
+            client.step("<move>up</move>")
+

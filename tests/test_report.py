@@ -165,3 +165,22 @@ def test_helpers():
     ]
     assert ema([1.0, 1.0, 1.0], 0.9).tolist() == pytest.approx([1.0, 1.0, 1.0])  # debiased: no warm-up bias
     assert summarize([]) == [("Steps logged", "0")]
+
+
+def test_agent_run_gets_the_agent_plot(tmp_path):
+    rows = [{"step": s, "reward/mean": s / 20, "agent/success_rate": s / 20, "agent/calc/success_rate": s / 25,
+             "agent/maze/success_rate": s / 30, "agent/turns_mean": 3 - s / 20, "agent/tool_calls_mean": 1.0,
+             "agent/invalid_actions_mean": 0.5, "agent/max_turns": 4 if s <= 10 else 6, "agent/env_failures": s % 3,
+             "agent/cut_by_horizon": 0.1, "agent/cut_by_length": 0.0, "agent/tokens_per_turn": 14.0,
+             "agent/branch/global": 32, "agent/branch/branches": s % 5, "agent/branch/fill": 2}
+            for s in range(1, 21)]
+    rows += [{"step": s, "eval/greedy_acc": s / 20, "eval/calc/greedy_success": s / 25,
+              "eval/maze/greedy_success": s / 30} for s in (1, 10, 20)]
+    _write_jsonl(tmp_path / "metrics.jsonl", rows)
+    page = write_report(tmp_path).read_text()
+    assert 'src="plots/agent.png"' in page and "Agent episodes" in page
+    _assert_valid_png(tmp_path / "plots" / "agent.png")
+    # a single-turn run has no agent plot
+    _write_jsonl(tmp_path / "metrics.jsonl", [{"step": 1, "reward/mean": 0.5}])
+    write_report(tmp_path)
+    assert not (tmp_path / "plots" / "agent.png").exists()

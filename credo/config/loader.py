@@ -285,6 +285,76 @@ def validate_registries(cfg: RunConfig) -> None:
         _wrap("task.params", lambda: get_task(cfg.task.name, **cfg.task.params))
     if cfg.reward.name is not None:
         _wrap("reward.name", lambda: get_reward_fn(cfg.reward.name))
+    if cfg.agent.envs or cfg.agent.stages:
+        validate_agent(cfg)
+
+
+def _known_env(key: str, name: Any) -> str:
+    from credo.envs import list_envs
+
+    if not isinstance(name, str) or name not in list_envs():
+        close = difflib.get_close_matches(str(name), list_envs(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}: unknown environment {name!r}{hint}; environments: {', '.join(list_envs())}")
+    return name
+
+
+def validate_agent(cfg: RunConfig) -> None:
+    """The ``agent`` section: env names, their parameters, stages, horizon schedule and branching arguments."""
+    from credo.envs import make_env
+    from credo.rollout.branching import AEPO_DEFAULTS, ARPO_DEFAULTS
+
+    a = cfg.agent
+    if cfg.model.path is None and cfg.model.max_position_embeddings < a.max_response_tokens + 64:
+        raise ConfigError(f"model.max_position_embeddings: {cfg.model.max_position_embeddings} positions cannot hold an "
+                          f"episode of agent.max_response_tokens={a.max_response_tokens} plus its prompt; set it to "
+                          f">= {a.max_response_tokens + 64} or lower agent.max_response_tokens")
+    if a.envs and a.stages:
+        raise ConfigError("agent.stages: set either agent.envs (one mixture) or agent.stages (a sequence), not both")
+    for i, env in enumerate(a.envs):
+        _known_env(f"agent.envs[{i}]", env)
+    if a.env_weights is not None:
+        if len(a.env_weights) != len(a.envs) or not all(isinstance(w, (int, float)) and w >= 0 for w in a.env_weights) \
+                or not sum(a.env_weights) > 0:
+            raise ConfigError(f"agent.env_weights: expected {len(a.envs)} non-negative numbers (one per agent.envs "
+                              f"entry) with a positive sum, got {a.env_weights!r}")
+    for i, stage in enumerate(a.stages):
+        if not isinstance(stage, dict) or set(stage) != {"envs", "steps"} or not isinstance(stage["envs"], list) \
+                or not stage["envs"] or not isinstance(stage["steps"], int) or stage["steps"] < 1:
+            raise ConfigError(f"agent.stages[{i}]: expected {{envs: [name, ...], steps: N>=1}}, got {stage!r}")
+        for j, env in enumerate(stage["envs"]):
+            _known_env(f"agent.stages[{i}].envs[{j}]", env)
+    used = set(a.envs) | {e for s in a.stages for e in s["envs"]}
+    for i, env in enumerate(a.eval_envs):
+        _known_env(f"agent.eval_envs[{i}]", env)
+    for section in ("env_params", "server_urls"):
+        for env in getattr(a, section):
+            _known_env(f"agent.{section}.{env}", env)
+    for env, params in a.env_params.items():
+        if not isinstance(params, dict):
+            raise ConfigError(f"agent.env_params.{env}: expected a mapping of parameters, got {params!r}")
+        _wrap(f"agent.env_params.{env}", lambda: make_env(env, **params))
+    for env, url in a.server_urls.items():
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"agent.server_urls.{env}: expected an http(s) URL, got {url!r}")
+        if env not in used and env not in a.eval_envs:
+            raise ConfigError(f"agent.server_urls.{env}: {env!r} is neither trained nor evaluated")
+    if a.horizon_schedule == "stepwise":
+        if not a.horizon_rounds or not all(isinstance(h, int) and h >= 1 for h in a.horizon_rounds):
+            raise ConfigError(f"agent.horizon_rounds: stepwise needs a non-empty list of turn caps >= 1, "
+                              f"got {a.horizon_rounds!r}")
+    elif a.horizon_rounds:
+        raise ConfigError("agent.horizon_rounds: only used with agent.horizon_schedule=stepwise")
+    if a.branching == "none" and a.branch_args:
+        raise ConfigError("agent.branch_args: only used with agent.branching=arpo or aepo")
+    if a.branching != "none":
+        known = ARPO_DEFAULTS if a.branching == "arpo" else AEPO_DEFAULTS
+        for key in a.branch_args:
+            if key not in known:
+                close = difflib.get_close_matches(key, list(known), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"agent.branch_args.{key}: {a.branching} has no parameter {key!r}{hint}; "
+                                  f"it takes: {', '.join(known)}")
 
 
 def _wrap(key: str, fn: Any) -> None:

@@ -27,7 +27,7 @@ class ModelConfig:
     num_layers: int = opt(2, "layers of a freshly built model", min=1)
     num_heads: int = opt(4, "attention heads of a freshly built model", min=1)
     num_kv_heads: int = opt(2, "key/value heads of a freshly built model", min=1)
-    max_position_embeddings: int = opt(128, "context length of a freshly built model", min=8)
+    max_position_embeddings: int = opt(512, "context length of a freshly built model (RoPE: no parameters)", min=8)
     dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
     attn_implementation: str = opt("sdpa", "attention kernel", choices=("sdpa", "eager"))
     device: str = opt("cpu", "torch device (cpu, cuda, cuda:0, ...)")
@@ -184,6 +184,8 @@ class LogConfig:
     progress: bool = opt(True, "live progress bar (plain lines when not a terminal)")
     print_every: int = opt(10, "plain-text progress line every N steps when not a terminal", min=1)
     report: bool = opt(True, "write report.html and plots at the end")
+    rollouts_every: int = opt(0, "dump every N-th step's training samples (tokens, loss mask, advantages, turns, "
+                              "text, reward) to RUN_DIR/rollouts.jsonl; 0 = off", min=0)
 
 
 @dataclass

@@ -5,6 +5,7 @@
     POST /step  {"id", "action"}    -> {"observation", "reward", "done", "info"}
     GET  /observation?id=           -> {"observation"}
     POST /close {"id"}              -> {"closed": true}
+    GET  /stats                     -> {"env", "created", "live", "steps"}   (credo's addition, for operators)
 
 ``env_idx`` is accepted wherever ``id`` is (AgentGym servers use both). Actions arrive parsed
 (``kind:argument``); the client does the parsing. At most ``max_instances`` instances live at once (the
@@ -29,6 +30,7 @@ def create_app(env_name: str, *, max_instances: int = 4096, **params: Any):
     observations: dict[int, str] = {}
     lock = threading.Lock()
     counter = itertools.count()
+    stats = {"created": 0, "steps": 0}
 
     def get(body_or_id: Any) -> tuple[int, Any]:
         env_id = body_or_id if isinstance(body_or_id, int) else (body_or_id.get("id", body_or_id.get("env_idx")))
@@ -43,6 +45,7 @@ def create_app(env_name: str, *, max_instances: int = 4096, **params: Any):
         with lock:
             env_id = next(counter)
             instances[env_id] = env
+            stats["created"] += 1
             while len(instances) > max_instances:
                 old_id, old = instances.popitem(last=False)
                 observations.pop(old_id, None)
@@ -60,6 +63,8 @@ def create_app(env_name: str, *, max_instances: int = 4096, **params: Any):
     def step(body: dict[str, Any]) -> dict[str, Any]:
         env_id, env = get(body)
         result = env.step(str(body.get("action", "")))
+        with lock:
+            stats["steps"] += 1
         observations[env_id] = result.observation
         return {"observation": result.observation, "reward": result.reward, "done": result.done, "info": result.info}
 
@@ -76,6 +81,11 @@ def create_app(env_name: str, *, max_instances: int = 4096, **params: Any):
             observations.pop(env_id, None)
         env.close()
         return {"closed": True}
+
+    @app.get("/stats")
+    def get_stats() -> dict[str, Any]:
+        with lock:
+            return {"env": env_name, "live": len(instances), **stats}
 
     return app
 

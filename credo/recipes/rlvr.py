@@ -45,6 +45,7 @@ from credo.recipes.common import (
 from credo.rewards import RewardRunner
 from credo.rollout import HFRolloutEngine
 from credo.train.batch import collate
+from credo.train.dump import rollout_records
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from credo.train.forward import batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
@@ -212,6 +213,10 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                 metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, batch, metrics), parts.optimizer,
                                              parts.scheduler, step=step))
     metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer))
+    every = cfg.log.rollouts_every
+    if every and (step + 1) % every == 0:
+        for row in rollout_records(batch, rollouts.trajs, rollouts.results, parts.tokenizer):
+            parts.logger.log_record(step + 1, row, file="rollouts.jsonl")
     return metrics
 
 
@@ -279,7 +284,10 @@ def step_metrics(batch: TrainBatch, trajs, timer: Timer) -> dict[str, float]:
     out = {"actor/entropy": float(masked_mean(batch.entropy, batch.response_mask)),
            "advantages/abs_mean": float(masked_mean(batch.advantages.abs(), batch.response_mask)),
            "perf/tokens_per_s": n_total / max(timer.seconds["step"], 1e-9),
-           "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp}
+           "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp,
+           # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 unless they disagree
+           "rollout/logprob_abs_diff": float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
+                                                         batch.response_mask))}
     if batch.values is not None:
         out["critic/vf_explained_var"] = explained_variance(batch.returns, batch.values, batch.response_mask)
         out["critic/values_mean"] = float(masked_mean(batch.values, batch.response_mask))

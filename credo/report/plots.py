@@ -390,6 +390,46 @@ TRAINING_PLOTS += (
     ),
 )
 
+def _agent_success_panel(rows: Rows) -> Panel | None:
+    per_env = [k for k in keys_with_prefix(rows, "agent/") if k.count("/") == 2 and k.endswith("/success_rate")]
+    train = [(key, s) for key in ["agent/success_rate", *per_env] if len(s := series(rows, key))]
+    held_out = [k for k in keys_with_prefix(rows, "eval/") if k.endswith("/greedy_success")]
+    evals = [(key, s) for key in ["eval/greedy_acc", *held_out] if len(s := series(rows, key))]
+    if not train:
+        return None
+
+    def draw(ax: Axes) -> None:
+        for i, (key, s) in enumerate(train):
+            _curve(ax, s, key, f"C{i}")
+        for j, (key, s) in enumerate(evals):
+            _markers(ax, s, f"{key} (held-out)", f"C{len(train) + j}", marker="osD^v<>"[j % 7])
+
+    return Panel("Episode success", "success rate", draw)
+
+
+TRAINING_PLOTS += (
+    PlotSpec(
+        "agent.png",
+        "Agent episodes",
+        "Multi-turn agent RL (agent.envs): success of the training episodes (per environment for mixtures) "
+        "with held-out greedy success as markers; turns, tool calls and invalid actions per episode with the "
+        "turn cap (ScalingInter-RL horizon); environment failures (server errors, timeouts: episodes ended "
+        "with reward 0) and episodes cut by the horizon or the token budget; tokens per assistant turn; "
+        "branching rollouts (ARPO / AEPO): global samples, branches and fill-up samples per step.",
+        lambda rows: [
+            _agent_success_panel(rows),
+            _lines_panel(rows, "Turns and tool calls", "per episode",
+                         ["agent/turns_mean", "agent/tool_calls_mean", "agent/invalid_actions_mean",
+                          "agent/max_turns"]),
+            _lines_panel(rows, "Failures and cuts", "episodes / fraction",
+                         ["agent/env_failures", "agent/cut_by_horizon", "agent/cut_by_length"], smooth=False),
+            _lines_panel(rows, "Tokens per turn", "tokens", ["agent/tokens_per_turn"]),
+            _lines_panel(rows, "Branching rollouts", "episodes per step",
+                         ["agent/branch/global", "agent/branch/branches", "agent/branch/fill"], smooth=False),
+        ],
+    ),
+)
+
 WARM_START_PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec(
         "warm_start.png",

@@ -120,6 +120,7 @@ class AgentLoop:
     max_response_tokens: int = 512
     threads: int = 8
     top_logprobs: int = 0  # recorded per generated token when branching needs entropy
+    max_total_tokens: int | None = None  # prompt + response cap (the model's positions); None = unlimited
 
     def start(self, examples: list[Example], clients: list[EnvClient], group_ids: list[int]) -> list[Episode]:
         """Reset every client on its example's task; a failing reset ends that episode as an env failure."""
@@ -176,8 +177,12 @@ class AgentLoop:
             ep.done, ep.cut = True, "max_turns"
             return
         obs = self.template.observation(result.observation)
-        if len(ep.response_ids) + len(obs) + self.max_tokens_per_turn > self.max_response_tokens:
+        grown = len(ep.response_ids) + len(obs) + len(self.template.assistant_prefix) + self.max_tokens_per_turn
+        if grown > self.max_response_tokens:
             ep.done, ep.cut = True, "max_response_tokens"
+            return
+        if self.max_total_tokens is not None and len(ep.prompt_ids) + grown > self.max_total_tokens:
+            ep.done, ep.cut = True, "max_positions"
             return
         ep.add(obs, 0)
 

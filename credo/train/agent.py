@@ -77,7 +77,7 @@ def make_loop(cfg: RunConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop
     return AgentLoop(engine, tokenizer, make_template(cfg, tokenizer), max_turns=max_turns,
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
                      threads=a.threads, top_logprobs=int(a.branch_args.get("top_logprobs", 10)) if a.branching != "none"
-                     else 0)
+                     else 0, max_total_tokens=getattr(engine.model.config, "max_position_embeddings", None))
 
 
 def step_horizon(cfg: RunConfig, step: int) -> int:
@@ -135,6 +135,7 @@ def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix
         f"{prefix}/env_failures": sum(bool(t.info["env_failure"]) for t in trajs),
         f"{prefix}/tokens_per_turn": statistics.fmean(turn_tokens) if turn_tokens else 0.0,
         f"{prefix}/cut_by_horizon": sum(t.info["cut"] == "max_turns" for t in trajs) / n,
+        f"{prefix}/cut_by_length": sum(t.info["cut"] in ("max_response_tokens", "max_positions") for t in trajs) / n,
     }
     by_env: dict[str, list[bool]] = defaultdict(list)
     for r, t in zip(results, trajs):

@@ -268,6 +268,16 @@ class MetricsLogger:
         self._write_line(file, json.dumps(row, allow_nan=False))
         self._write_scalars(step, values, file)
 
+    def log_record(self, step: int, record: Mapping[str, Any], *, file: str) -> None:
+        """Write one row ``{"step": step, **record}`` of any JSON values to ``run_dir/file`` (no TensorBoard);
+        truncated on resume like the metric files."""
+        if self._closed:
+            raise RuntimeError("MetricsLogger.log_record() called after close()")
+        _check_file_name(file)
+        if file == DEFAULT_FILE:
+            raise ValueError(f"{DEFAULT_FILE} holds scalar metrics only; use log()")
+        self._write_line(file, json.dumps({"step": int(step), **record}))
+
     def _write_line(self, file: str, line: str) -> None:
         handle = self._files.get(file)
         if handle is None:

@@ -1,0 +1,54 @@
+"""Helpers for tests that start environment servers."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(url: str, proc=None, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url + "/observation?id=-1", timeout=1)
+        except urllib.error.HTTPError:
+            return  # the server answered (404 for the unknown id)
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(proc.stderr.read().decode()[-2000:])
+            time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+@contextmanager
+def env_server(name: str, *params: str):
+    """``credo env serve NAME`` in a subprocess on a free loopback port; yields (url, process)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "env", "serve", name, "--port", str(port),
+                             *params], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
