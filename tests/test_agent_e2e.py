@@ -210,3 +210,56 @@ def test_env_faults_end_their_episodes_and_the_step_completes(tmp_path: Path, fa
     assert "actor/pg_loss" in step1 or any(k.startswith("actor/") for k in step1)  # the update ran
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 1
+
+
+# ----------------------------------------------------------------------------- resume and presets
+
+def test_interrupted_stepwise_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
+    """ScalingInter-RL horizons [2, 3] switching after step 2, mixture of two envs, ARPO branching: a run
+    interrupted after step 3 (checkpoint at step 2) and resumed logs exactly what an uninterrupted one does."""
+    import credo.recipes.rlvr as rlvr
+
+    args = [*AGENT_RUN, "agent.envs=[calc, maze]", "agent.horizon_schedule=stepwise", "agent.horizon_rounds=[2, 3]",
+            "agent.horizon_period=2", "agent.branching=arpo", "agent.branch_args={branch_on: any}", "train.steps=5",
+            "checkpoint.every=2", "eval.every=2", "task.eval_size=2"]
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "full"), *args]) == 0
+    real = rlvr.rl_step
+
+    def interrupted(cfg, parts, state, *, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real(cfg, parts, state, step=step)
+
+    monkeypatch.setattr(rlvr, "rl_step", interrupted)
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "cut"), *args]) != 0
+    monkeypatch.setattr(rlvr, "rl_step", real)
+    assert main(["-q", "train", "--resume", str(tmp_path / "cut")]) == 0
+    volatile = ("timing_s/", "perf/")
+    a, b = ([{k: v for k, v in r.items() if not k.startswith(volatile)} for r in read_metrics(tmp_path / d /
+                                                                                              "metrics.jsonl")]
+            for d in ("full", "cut"))
+    assert [r["step"] for r in b] == list(range(6))
+    assert [r.get("agent/max_turns") for r in a] == [None, 2, 2, 3, 3, 3]  # h(s) = rounds[min((s-1)//2, 1)]
+    assert a == b
+
+
+AGENT_PRESETS = ["agent_calc", "agent_maze", "agent_wordle", "agent_scaling_inter", "agent_mixture",
+                 "agent_sequential", "agent_cross_env", "agent_arpo", "agent_aepo"]
+
+
+def test_every_agent_preset_runs_through_the_cli(tmp_path: Path):
+    presets = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs").glob("agent_*.yaml"))
+    assert presets == sorted(AGENT_PRESETS)
+    for preset in presets:
+        run = tmp_path / preset
+        code = main(["-q", "train", "--config", preset, "--run-dir", str(run), *TINY_RUN, "train.steps=2",
+                     "eval.every=0", "task.eval_size=2", "eval.k=2", "log.report=false", "log.tensorboard=false",
+                     "warm_start.steps=2", "agent.max_turns=2", "checkpoint.save_final=false"])
+        assert code == 0, preset
+        rows = [r for r in read_metrics(run / "metrics.jsonl") if r["step"] > 0]
+        assert len(rows) == 2 and all("agent/success_rate" in r for r in rows), preset
+        if preset in ("agent_arpo", "agent_aepo"):
+            assert all("agent/branch/global" in r for r in rows), preset
+        evals = read_metrics(run / "metrics.jsonl")[0]
+        if preset in ("agent_mixture", "agent_cross_env", "agent_sequential"):
+            assert any(k.endswith("/greedy_success") for k in evals), preset

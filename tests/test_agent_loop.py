@@ -110,3 +110,47 @@ def test_scaling_inter_horizon_schedule():
     assert [h(s) for s in range(151, 203)] == [13] * 50 + [20, 20]
     with pytest.raises(ValueError):
         horizon(1, schedule="cosine")
+
+
+def test_turn_and_invalid_action_costs_shape_training_scores():
+    from types import SimpleNamespace
+
+    from credo.train.agent import shape_rewards
+    from credo.types import RewardResult
+
+    results = [RewardResult(1.0, correct=True), RewardResult(1.0, correct=True), RewardResult(0.0),
+               RewardResult(0.0, failed=True, error="HTTP 500")]
+    trajs = [SimpleNamespace(info={"num_turns": n, "invalid_actions": k}) for n, k in ((2, 0), (6, 3), (8, 2), (3, 0))]
+    shaped = shape_rewards(results, trajs, turn_cost=0.1, invalid_action_cost=0.2)
+    # direct success 1 - 0.1*2 = 0.8; wandering success 1 - 0.6 - 0.6 = -0.2; failure 0 - 0.8 - 0.4 = -1.2;
+    # an env failure keeps its failure score
+    assert [r.score for r in shaped] == pytest.approx([0.8, -0.2, -1.2, 0.0])
+    assert [r.correct for r in shaped] == [True, True, False, False]  # success is the env's, unchanged
+    assert shape_rewards(results, trajs, turn_cost=0.0, invalid_action_cost=0.0) is results
+
+
+def test_stop_at_action_ends_turns_at_the_closing_tag(tiny_model):
+    model, tok = tiny_model
+    stop = tuple(tok("</move>", add_special_tokens=False)["input_ids"])
+
+    class Scripted(HFRolloutEngine):  # the tiny model's turn, with a valid action spliced in for every other row
+        def continue_ids(self, prefixes, sampling, **kw):
+            out = super().continue_ids(prefixes, sampling, **kw)
+            from credo.rollout.hf import Continuation
+            ids = list(tok("<move>up</move>", add_special_tokens=False)["input_ids"])
+            return [Continuation(ids, [-0.1] * len(ids), "stop") if i % 2 == 0 else c for i, c in enumerate(out)]
+
+    loop = AgentLoop(Scripted(model, tok, seed=0), tok, plain_template(tok), max_turns=3, max_tokens_per_turn=12,
+                     max_response_tokens=400, threads=1, stop_sequences=(stop,))
+    examples = _examples("maze", [1, 2, 3, 4])
+    episodes = loop.run(examples, [LocalEnvClient("maze") for _ in examples], [0, 0, 1, 1],
+                        SamplingParams(temperature=1.0))
+    scripted_turns = 0
+    for ep in episodes:
+        traj, _ = to_trajectory(ep, tok)
+        for start, end in traj.turns:
+            turn = traj.response_ids[start:end]
+            assert tuple(turn[-len(stop):]) == stop or turn[-1] == tok.eos_token_id or len(turn) == 12
+            scripted_turns += tuple(turn[-len(stop):]) == stop
+            assert all(m == 1 for m in traj.response_mask[start:end])
+    assert scripted_turns > 0

@@ -99,3 +99,23 @@ def test_filter_logits_top_k_and_top_p():
     p = filter_logits(logits, top_p=0.5)  # 0.5 alone reaches 0.5
     assert torch.isfinite(p).tolist() == [[True, False, False, False]]
     assert torch.equal(filter_logits(logits), logits)
+
+
+def test_stop_sequences_end_a_row_after_the_sequence(tiny_model):
+    model, tok = tiny_model
+    engine = HFRolloutEngine(model, tok, seed=0)
+    prefixes = [engine.encode("abc"), engine.encode("hello world")]
+    sp = SamplingParams(greedy=True, max_new_tokens=10)
+    free = engine.continue_ids(prefixes, sp)
+    assert all(len(c.ids) >= 4 for c in free), "the tiny greedy model should run on for a few tokens"
+    # stop at row 0's tokens 1..2: each row ends right after the first occurrence of them (kept), if any
+    seq = tuple(free[0].ids[1:3])
+
+    def expected(ids):
+        first = next((i for i in range(len(seq), len(ids) + 1) if tuple(ids[i - len(seq):i]) == seq), None)
+        return (ids[:first], "stop") if first else (ids, free[1].finish_reason)
+
+    cut = engine.continue_ids(prefixes, sp, stop_sequences=(seq,))
+    assert (cut[0].ids, cut[0].finish_reason) == expected(free[0].ids) and len(cut[0].ids) <= 3
+    assert cut[0].logprobs == free[0].logprobs[:len(cut[0].ids)]
+    assert (cut[1].ids, cut[1].finish_reason) == expected(free[1].ids)

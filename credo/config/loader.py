@@ -306,9 +306,9 @@ def validate_agent(cfg: RunConfig) -> None:
 
     a = cfg.agent
     if cfg.model.path is None and cfg.model.max_position_embeddings < a.max_response_tokens + 64:
-        raise ConfigError(f"model.max_position_embeddings: {cfg.model.max_position_embeddings} positions cannot hold an "
-                          f"episode of agent.max_response_tokens={a.max_response_tokens} plus its prompt; set it to "
-                          f">= {a.max_response_tokens + 64} or lower agent.max_response_tokens")
+        raise ConfigError(f"model.max_position_embeddings: {cfg.model.max_position_embeddings} positions cannot hold "
+                          f"an episode of agent.max_response_tokens={a.max_response_tokens} plus its prompt; set it "
+                          f"to >= {a.max_response_tokens + 64} or lower agent.max_response_tokens")
     if a.envs and a.stages:
         raise ConfigError("agent.stages: set either agent.envs (one mixture) or agent.stages (a sequence), not both")
     for i, env in enumerate(a.envs):

@@ -135,6 +135,12 @@ class AgentConfig:
                         "template) or auto", choices=("auto", "plain", "chat"))
     branching: str = opt("none", "branching rollouts: none, arpo or aepo", choices=("none", "arpo", "aepo"))
     branch_args: dict = opt(None, "branching hyperparameters (docs/agents.md)", factory=dict)
+    stop_at_action: bool = opt(False, "end each assistant turn at the closing tag of its action (e.g. </move>), as "
+                               "ARPO stops at </python>; default: the model ends turns with its end-of-turn token")
+    turn_cost: float = opt(0.0, "training reward shaping: subtracted per assistant turn (0 = the env's outcome "
+                           "reward only, as AgentGym-RL)", min=0.0)
+    invalid_action_cost: float = opt(0.0, "training reward shaping: subtracted per turn without a parseable action",
+                                     min=0.0)
 
 
 @dataclass

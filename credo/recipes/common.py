@@ -97,7 +97,8 @@ def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, s
     if data.default_reward is None:  # agent RL: episodes against the environments
         from credo.train.agent import evaluate_agent
 
-        return evaluate_agent(cfg, engine, engine.tokenizer, examples, seed=cfg.seed * 7919 + step)
+        return evaluate_agent(cfg, engine, engine.tokenizer, examples, seed=cfg.seed * 7919 + step,
+                              samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
     return evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed * 7919 + step,
                     samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")

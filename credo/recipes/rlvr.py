@@ -44,15 +44,15 @@ from credo.recipes.common import (
 )
 from credo.rewards import RewardRunner
 from credo.rollout import HFRolloutEngine
+from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
-from credo.train.dump import rollout_records
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
+from credo.train.dump import rollout_records
 from credo.train.forward import batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.progress import StepProgress
 from credo.train.sampling import collect_rollouts
-from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.stats import Timer
 from credo.train.update import update_critic, update_policy
 from credo.types import SamplingParams, TrainBatch

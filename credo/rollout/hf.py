@@ -46,10 +46,11 @@ class HFRolloutEngine:
     # -------------------------------------------------------------- token-level API (agent loops)
 
     def continue_ids(self, prefixes: list[list[int]], sampling: SamplingParams, *, stop_ids: tuple[int, ...] = (),
-                     top_logprobs: int = 0) -> list[Continuation]:
+                     top_logprobs: int = 0, stop_sequences: tuple[tuple[int, ...], ...] = ()) -> list[Continuation]:
         """Sample a continuation of every token-id prefix, in batches of ``max_batch_size``.
 
-        A row stops after EOS or any ``stop_ids`` token (kept as its last token) or at ``max_new_tokens``.
+        A row stops after EOS or any ``stop_ids`` token, or once its generated tokens end with one of
+        ``stop_sequences`` (vLLM's ``stop``; the sequence is kept), or at ``max_new_tokens``.
         ``top_logprobs > 0`` also records the k largest log-probs at every generated position.
         """
         gen = self.generator
@@ -63,7 +64,7 @@ class HFRolloutEngine:
         try:
             for start in range(0, len(prefixes), self.max_batch_size):
                 out.extend(self._decode(prefixes[start : start + self.max_batch_size], sampling, gen, stops,
-                                        top_logprobs))
+                                        top_logprobs, tuple(tuple(q) for q in stop_sequences if q)))
         finally:
             self.model.train(was_training)
         return out
@@ -75,7 +76,7 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def _decode(self, prefixes: list[list[int]], sp: SamplingParams, gen: torch.Generator, stops: tuple[int, ...],
-                top_k: int) -> list[Continuation]:
+                top_k: int, stop_sequences: tuple[tuple[int, ...], ...] = ()) -> list[Continuation]:
         batch = len(prefixes)
         plen = max(len(ids) for ids in prefixes)
         input_ids = torch.full((batch, plen), self.pad_id, dtype=torch.long)
@@ -102,6 +103,8 @@ class HFRolloutEngine:
             if top_k:
                 tops.append(torch.topk(full, min(top_k, full.shape[-1]), dim=-1).values.cpu())
             newly = (~done) & torch.isin(nxt, stop_t)
+            if stop_sequences:
+                newly = newly | self._ends_with(tokens, done, stop_sequences)
             for i in newly.nonzero().flatten().tolist():
                 finished_at[i] = t + 1
             done = done | newly
@@ -120,6 +123,18 @@ class HFRolloutEngine:
                                      finish_reason="stop" if finished_at[i] is not None else "length",
                                      top_logprobs=tops_t[i, :length] if tops_t is not None else None))
         return outs
+
+    @staticmethod
+    def _ends_with(tokens: list[torch.Tensor], done: torch.Tensor,
+                   sequences: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+        """(B,) bool: active rows whose generated tokens so far end with one of ``sequences``."""
+        hit = torch.zeros_like(done)
+        for seq in sequences:
+            if len(seq) > len(tokens):
+                continue
+            tail = torch.stack(tokens[-len(seq):], 1)  # (B, len(seq))
+            hit |= (tail == torch.tensor(seq, device=tail.device)).all(-1)
+        return hit & ~done
 
     def _sample(self, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator):
         """(token (B,), its log-prob (B,), full log-probs (B, V)) under the temperature-scaled logits."""

@@ -4,9 +4,12 @@ Selected by ``agent.envs`` in the config; the recipe calls the same stages as fo
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
@@ -19,7 +22,6 @@ from credo.train.horizon import horizon
 from credo.train.sampling import Rollouts
 from credo.train.stats import rollout_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
-
 
 # ----------------------------------------------------------------------------- data
 
@@ -72,12 +74,22 @@ def make_template(cfg: RunConfig, tokenizer) -> AgentTemplate:
     return chat_template(tokenizer) if kind == "chat" else plain_template(tokenizer)
 
 
+def action_stop_sequences(cfg: RunConfig, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Token ids of every closing action tag of the run's environments (``agent.stop_at_action``)."""
+    if not cfg.agent.stop_at_action:
+        return ()
+    envs = sorted({e for envs in stage_envs(cfg) for e in envs} | set(cfg.agent.eval_envs))
+    tags = sorted({tag for env in envs for tag in get_env_spec(env).parser.tags})
+    return tuple(tuple(tokenizer(f"</{tag}>", add_special_tokens=False)["input_ids"]) for tag in tags)
+
+
 def make_loop(cfg: RunConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop:
     a = cfg.agent
+    top_logprobs = int(a.branch_args.get("top_logprobs", 10)) if a.branching != "none" else 0
     return AgentLoop(engine, tokenizer, make_template(cfg, tokenizer), max_turns=max_turns,
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
-                     threads=a.threads, top_logprobs=int(a.branch_args.get("top_logprobs", 10)) if a.branching != "none"
-                     else 0, max_total_tokens=getattr(engine.model.config, "max_position_embeddings", None))
+                     threads=a.threads, top_logprobs=top_logprobs, stop_sequences=action_stop_sequences(cfg, tokenizer),
+                     max_total_tokens=getattr(engine.model.config, "max_position_embeddings", None))
 
 
 def step_horizon(cfg: RunConfig, step: int) -> int:
@@ -119,9 +131,29 @@ def collect_agent_rollouts(cfg: RunConfig, engine, tokenizer, sampler, *, step: 
         trajs, results, branch_stats = run_episodes(cfg, loop, prompts, cfg.rollout.group_size, sampling,
                                                     branching=cfg.agent.branching, generator=engine.generator)
     metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
+    results = shape_rewards(results, trajs, turn_cost=cfg.agent.turn_cost,
+                            invalid_action_cost=cfg.agent.invalid_action_cost)
     metrics["agent/max_turns"] = max_turns
     metrics.update({f"agent/{k}": v for k, v in branch_stats.items()})
     return Rollouts(trajs, results, metrics)
+
+
+def shape_rewards(results: list[RewardResult], trajs: list[Trajectory], *, turn_cost: float,
+                  invalid_action_cost: float) -> list[RewardResult]:
+    """Training scores with optional costs: score - turn_cost * turns - invalid_action_cost * invalid actions.
+
+    With an outcome reward alone, an episode that wanders (or emits unparseable turns) before it succeeds
+    scores as much as a direct one, so GRPO reinforces its wasted turns too; a per-turn cost ranks direct
+    successes above wandering ones. Off by default (the reference's pure outcome reward); success and
+    evaluation are unaffected. Failed episodes (env errors) keep their failure score.
+    """
+    if not turn_cost and not invalid_action_cost:
+        return results
+    out = []
+    for r, t in zip(results, trajs):
+        cost = 0.0 if r.failed else turn_cost * t.info["num_turns"] + invalid_action_cost * t.info["invalid_actions"]
+        out.append(dataclasses.replace(r, score=r.score - cost))
+    return out
 
 
 def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix: str) -> dict[str, float]:
@@ -147,11 +179,19 @@ def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix
 
 # ----------------------------------------------------------------------------- evaluation
 
-def evaluate_agent(cfg: RunConfig, engine, tokenizer, examples: list[Example], *, seed: int) -> dict[str, float]:
-    """Held-out success: greedy (one episode per task) and avg@k / pass@k of k sampled episodes; per env too."""
+def evaluate_agent(cfg: RunConfig, engine, tokenizer, examples: list[Example], *, seed: int,
+                   samples_path: Path | None = None) -> dict[str, float]:
+    """Held-out success: greedy (one episode per task) and avg@k / pass@k of k sampled episodes; per env too.
+    The greedy episodes (prompt, whole transcript, reward, turns, failure) go to ``samples_path`` as JSONL."""
     loop = make_loop(cfg, engine, tokenizer, max_turns=eval_horizon(cfg))
     greedy = SamplingParams(greedy=True)
     g_trajs, g_res, _ = run_episodes(cfg, loop, examples, 1, greedy)
+    if samples_path is not None:
+        samples_path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{"uid": t.example.uid, "env": t.info["env"], "response": t.response_text, "score": r.score,
+                 "prompt": tokenizer.decode(t.prompt_ids, skip_special_tokens=True), "correct": r.correct,
+                 "turns": t.info["num_turns"], "cut": t.info["cut"], "error": r.error} for t, r in zip(g_trajs, g_res)]
+        samples_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     k = cfg.eval.k
     s_trajs, s_res, _ = run_episodes(cfg, loop, examples, k, SamplingParams(temperature=cfg.eval.temperature,
                                                                             seed=seed))
@@ -190,9 +230,13 @@ def oracle_trajectory(cfg: RunConfig, tokenizer, template: AgentTemplate, ex: Ex
         action = list(tokenizer(spec.oracle(client.env, obs), add_special_tokens=False)["input_ids"])
         ids += template.assistant_prefix
         mask += [0] * len(template.assistant_prefix)
-        turns.append((len(ids), len(ids) + len(action) + 1))
-        ids += action + [template.end_of_turn]
-        mask += [1] * (len(action) + 1)
+        own = action if cfg.agent.stop_at_action else action + [template.end_of_turn]
+        turns.append((len(ids), len(ids) + len(own)))
+        ids += own
+        mask += [1] * len(own)
+        if cfg.agent.stop_at_action:
+            ids += template.close_turn
+            mask += [0] * len(template.close_turn)
         result = client.step(tokenizer.decode(action))
         if result.done:
             break
