@@ -155,13 +155,16 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
                     state.last_eval = run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=state.step)
                 metrics.update(state.last_eval | timer.metrics())
             state.wall_s += time.perf_counter() - t0
+            # the step's row is on disk before its checkpoint exists: a kill in between resumes from the older
+            # checkpoint (whose later rows are truncated), never from one whose step has no row
+            parts.logger.log(state.step, metrics)
             if checkpoint_due(cfg, state.step):
                 t_ck = time.perf_counter()
                 save_checkpoint(run_dir, state.step, model=parts.model, tokenizer=parts.tokenizer,
                                 keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts),
                                 critic=parts.critic)
-                metrics["timing_s/checkpoint"] = time.perf_counter() - t_ck
-            parts.logger.log(state.step, metrics)
+                parts.logger.log(state.step, {"timing_s/checkpoint": time.perf_counter() - t_ck},
+                                 file="checkpoints.jsonl")
             bar.update(state.step, metrics)
 
 
