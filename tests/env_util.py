@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,3 +53,20 @@ def env_server(name: str, *params: str):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """Base of the tests' hand-written env servers: quiet, JSON replies, tolerant of clients that gave up."""
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: bytes) -> None:
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client timed out and closed the connection
+            pass

@@ -6,7 +6,7 @@ import json
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from credo.models.tokenizer import build_char_tokenizer
 from credo.rollout.agent_loop import plain_template
 from credo.train.metrics import read_metrics
 from tests.conftest import TINY_RUN
-from tests.env_util import env_server
+from tests.env_util import JSONHandler, env_server
 
 LOCK = threading.Lock()
 AGENT_RUN = [*TINY_RUN, "agent.envs=[calc]", "agent.max_turns=3", "agent.max_tokens_per_turn=8",
@@ -34,8 +34,9 @@ def _script(monkeypatch, every: int) -> None:
 
     real = HFRolloutEngine.continue_ids
 
-    def continue_ids(self, prefixes, sampling, *, stop_ids=(), top_logprobs=0):
-        out = real(self, prefixes, sampling, stop_ids=stop_ids, top_logprobs=top_logprobs)
+    def continue_ids(self, prefixes, sampling, *, stop_ids=(), top_logprobs=0, stop_sequences=()):
+        out = real(self, prefixes, sampling, stop_ids=stop_ids, top_logprobs=top_logprobs,
+                   stop_sequences=stop_sequences)
         for i, prefix in enumerate(prefixes):
             if i % every == 0:
                 text = "<answer>3</answer>" if "= 3\n" in self.tokenizer.decode(prefix) else "<tool>1+2</tool>"
@@ -117,7 +118,7 @@ def test_rl_through_a_real_env_server_trains_on_the_spec_layout(tmp_path: Path, 
 
 # ----------------------------------------------------------------------------- faults inside a training step
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     """A calc server whose training instances fail in the order their first /step arrives: the 1st answers
     HTTP 500, the 2nd hangs past the client's timeout, the 3rd sends malformed JSON, and at the 4th's second
     /step the whole server goes away (as if killed), after every first turn has been answered. Held-out
@@ -127,19 +128,6 @@ class _Handler(BaseHTTPRequestHandler):
     fault_of: dict[int, int]
     counters: dict[str, int]
     server: ThreadingHTTPServer
-
-    def log_message(self, *args):
-        pass
-
-    def _reply(self, code: int, body: bytes) -> None:
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")

@@ -56,7 +56,7 @@ def test_oracle_turns_produce_the_expected_episode(tiny_model):
         def __init__(self):
             self.calls = 0
 
-        def continue_ids(self, prefixes, sp, stop_ids=(), top_logprobs=0):
+        def continue_ids(self, prefixes, sp, stop_ids=(), top_logprobs=0, stop_sequences=()):
             from credo.rollout.hf import Continuation
 
             self.calls += 1

@@ -5,7 +5,7 @@ import json
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -21,7 +21,7 @@ from credo.envs import (
     train_task_ids,
 )
 from credo.envs.builtin import safe_eval, wordle_marks
-from tests.env_util import env_server, free_port
+from tests.env_util import JSONHandler, env_server, free_port
 
 
 def test_registry_and_splits():
@@ -121,21 +121,8 @@ def test_http_client_plays_an_episode_against_a_real_server(calc_server):
         assert isinstance(json.loads(resp.read())["id"], int)
 
 
-class _FaultyHandler(BaseHTTPRequestHandler):
+class _FaultyHandler(JSONHandler):
     mode = "ok"
-
-    def log_message(self, *args):
-        pass
-
-    def _reply(self, code: int, body: bytes):
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (the "hang" mode)
-            pass
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))

@@ -147,9 +147,8 @@ class AgentLoop:
         sp = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             greedy=sampling.greedy, seed=sampling.seed, max_new_tokens=self.max_tokens_per_turn)
         prefixes = [ep.prompt_ids + ep.response_ids + self.template.assistant_prefix for ep in active]
-        extra = {"stop_sequences": self.stop_sequences} if self.stop_sequences else {}
         conts = self.engine.continue_ids(prefixes, sp, stop_ids=(self.template.end_of_turn,),
-                                         top_logprobs=self.top_logprobs, **extra)
+                                         top_logprobs=self.top_logprobs, stop_sequences=self.stop_sequences)
         texts = []
         for ep, cont in zip(active, conts):
             ep.add(self.template.assistant_prefix, 0)

@@ -17,5 +17,10 @@ def grad_carrier(x: torch.Tensor) -> torch.Tensor:
     return x / x.detach()
 
 
+def log_carrier(delta: torch.Tensor) -> torch.Tensor:
+    """exp(delta - sg(delta)): value exactly 1, gradient 1 w.r.t. logprobs (the r / sg(r) trick, overflow-free)."""
+    return (delta - delta.detach()).exp()
+
+
 def indicator(cond: torch.Tensor) -> torch.Tensor:
     return cond.to(torch.get_default_dtype())

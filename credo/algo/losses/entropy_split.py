@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from credo.algo.kl import kl_penalty
-from credo.algo.losses.common import log_ratio
+from credo.algo.losses.common import log_carrier, log_ratio
 from credo.algo.registry import TokenLoss, register_policy_loss
 
 
@@ -188,7 +188,7 @@ def aepo_loss(
                                    torch.ones_like(advantages))
     delta = log_ratio(logprobs, old_logprobs)
     ratio = delta.exp()
-    carrier = (delta - delta.detach()).exp()
+    carrier = log_carrier(delta)
     preserve = high & (adv > 0) & (ratio > 1.0 + clip_high)
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from credo.algo.losses.common import log_carrier
 from credo.algo.registry import TokenLoss, register_policy_loss
-
-
-def _carrier(delta: torch.Tensor) -> torch.Tensor:
-    """exp(delta - sg(delta)): value exactly 1, gradient 1 w.r.t. logprobs (the r / sg(r) trick, overflow-free)."""
-    return (delta - delta.detach()).exp()
 
 
 def _clip_metrics(advantages, ratio, pg1, pg2, loss_before_dual, clip_low, clip_high, clip_c):
@@ -52,7 +48,7 @@ def gppo_loss(
     """
     delta = logprobs - old_logprobs  # (B, T)
     ratio = delta.exp()  # (B, T)
-    carrier = _carrier(delta)
+    carrier = log_carrier(delta)
     lo, hi = 1.0 - clip_low, 1.0 + clip_high
     bounded = torch.where(ratio > hi, 1.0 * hi * carrier, torch.where(ratio < lo, 1.0 * lo * carrier, ratio))  # (B, T)
     pg1 = -advantages * ratio
@@ -93,7 +89,7 @@ def cegppo_loss(
     """
     delta = logprobs - old_logprobs  # (B, T)
     ratio = delta.exp()
-    carrier = _carrier(delta)
+    carrier = log_carrier(delta)
     neg = advantages < 0
     c_low = neg & (ratio < 1.0 - clip_low)
     c_high = (advantages > 0) & (ratio > 1.0 + clip_high)
