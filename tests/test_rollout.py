@@ -6,7 +6,7 @@ import torch
 from credo.rollout import HFRolloutEngine, RolloutEngine, filter_logits
 from credo.train.batch import collate
 from credo.train.forward import batched_logprobs
-from credo.types import Example, RewardResult, SamplingParams
+from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 PROMPTS = [Example("rev abc=", "cba", "a"), Example("rev hgfedc=", "cdefgh", "b"), Example("12+3=", "15", "c")]
 
@@ -119,3 +119,37 @@ def test_stop_sequences_end_a_row_after_the_sequence(tiny_model):
     assert (cut[0].ids, cut[0].finish_reason) == expected(free[0].ids) and len(cut[0].ids) <= 3
     assert cut[0].logprobs == free[0].logprobs[:len(cut[0].ids)]
     assert (cut[1].ids, cut[1].finish_reason) == expected(free[1].ids)
+
+
+def test_compaction_and_shared_prefill_keep_every_row_exact(tiny_model):
+    """Rows that stop early leave the batch (KV cache compacted) and identical prompts share one prefill; the
+    surviving rows' tokens and log-probs must still equal the trainer's full forward, and a row's greedy
+    continuation must not depend on its batch companions."""
+    model, tok = tiny_model
+    engine = HFRolloutEngine(model, tok, seed=3)
+    stop_ids = tuple(range(4, len(tok), 3))  # a third of the vocabulary stops a row: rows end at many steps
+    prefixes = [engine.encode(p.prompt) for p in PROMPTS for _ in range(4)]
+    outs = engine.continue_ids(prefixes, SamplingParams(max_new_tokens=12, temperature=1.3), stop_ids=stop_ids)
+    lengths = [len(c.ids) for c in outs]
+    assert len(set(lengths)) >= 3 and min(lengths) < 12 / 4  # compaction happened at several points
+    trajs = [Trajectory(example=PROMPTS[i // 4], group_id=i // 4, prompt_ids=prefixes[i], response_ids=c.ids,
+                        rollout_logprobs=c.logprobs, response_mask=[1] * len(c.ids), finish_reason="eos")
+             for i, c in enumerate(outs)]
+    batch = collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tok.pad_token_id)
+    old, _ = batched_logprobs(model, batch, micro_batch_size=None, temperature=1.3)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(old[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=1e-4)
+    greedy = SamplingParams(greedy=True, max_new_tokens=8)
+    together = engine.continue_ids(prefixes, greedy, stop_ids=stop_ids)
+    alone = [engine.continue_ids([p], greedy, stop_ids=stop_ids)[0] for p in prefixes[::4]]
+    assert [c.ids for c in together[::4]] == [c.ids for c in alone]
+
+
+def test_inverse_cdf_sampling_draws_from_the_filtered_distribution(tiny_model):
+    model, tok = tiny_model
+    engine = HFRolloutEngine(model, tok)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0 + 1e-30]]))
+    sp = SamplingParams(temperature=1.0, top_k=2)
+    # cdf over the top-2 mass {0.5, 0.3} renormalised: [0.625, 1.0, 1.0, 1.0]
+    picks = [int(engine._sample(logits, sp, torch.tensor([u]))[0]) for u in (0.0, 0.3, 0.624, 0.626, 0.999)]
+    assert picks == [0, 0, 0, 1, 1]

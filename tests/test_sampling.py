@@ -15,7 +15,7 @@ class StubEngine:
     def __init__(self, script):
         self.script = script
 
-    def generate(self, prompts, n, sampling):
+    def generate(self, prompts, n, sampling, on_done=None):  # never streams: results() scores everything
         out = []
         for g, ex in enumerate(prompts):
             for text in self.script[ex.prompt][:n]:
@@ -76,3 +76,52 @@ def test_overlong_penalty_values_and_shaping():
     # "nonono" has 6 tokens = the cap -> score 0 - 1 = -1; "ok" has 2 tokens -> no penalty
     assert [res.score for res in r.results] == [1.0, -1.0]
     assert r.metrics["reward/overlong_penalty_mean"] == pytest.approx(-0.5)
+
+
+def test_rewards_are_computed_while_generation_is_still_running():
+    """The engine reports its first output done, then waits (up to 10 s) until the verifier has been called:
+    only a scorer that runs concurrently with generation lets it go on before the timeout."""
+    import threading
+
+    scored_early = threading.Event()
+
+    class WaitingRunner(StubRunner):
+        def __init__(self):
+            self.calls = []
+
+        def score(self, responses, examples):
+            self.calls.append(list(responses))
+            scored_early.set()
+            return super().score(responses, examples)
+
+    class StreamingEngine(StubEngine):
+        def generate(self, prompts, n, sampling, on_done=None):
+            out = super().generate(prompts, n, sampling)
+            on_done(0, out[0])
+            self.overlapped = scored_early.wait(timeout=10)
+            for i, t in enumerate(out[1:], start=1):
+                on_done(i, t)
+            return out
+
+    engine, runner = StreamingEngine(SCRIPT), WaitingRunner()
+    r = collect_rollouts(engine, runner, _sampler(), prompts_per_step=4, group_size=2, sampling=SamplingParams())
+    assert engine.overlapped
+    assert runner.calls[0] == ["ok"] and sum(len(c) for c in runner.calls) == 8  # each output scored once
+    assert [x.score for x in r.results] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+
+
+def test_a_failing_scorer_thread_surfaces_its_error():
+    class Broken(StubRunner):
+        def score(self, responses, examples):
+            raise RuntimeError("verifier pool died")
+
+    class StreamingEngine(StubEngine):
+        def generate(self, prompts, n, sampling, on_done=None):
+            out = super().generate(prompts, n, sampling)
+            for i, t in enumerate(out):
+                on_done(i, t)
+            return out
+
+    with pytest.raises(RuntimeError, match="verifier pool died"):
+        collect_rollouts(StreamingEngine(SCRIPT), Broken(), _sampler(), prompts_per_step=4, group_size=2,
+                         sampling=SamplingParams())

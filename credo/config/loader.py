@@ -245,6 +245,8 @@ def validate_semantics(cfg: RunConfig) -> None:
     mini = t.mini_batch_size or batch
     if t.micro_batch_size is not None and mini % t.micro_batch_size:
         raise ConfigError(f"train.micro_batch_size: {t.micro_batch_size} must divide the mini-batch size {mini}")
+    if t.micro_batch_size is not None and t.micro_batch_tokens is not None:
+        raise ConfigError("train.micro_batch_tokens: set either it or train.micro_batch_size, not both")
     if m.path is None and m.num_heads and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size: {m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
     if m.path is None and m.num_heads % m.num_kv_heads:

@@ -150,6 +150,13 @@ class TrainConfig:
     ppo_epochs: int = opt(1, "passes over each rollout batch", min=1)
     mini_batch_size: int | None = opt(None, "sequences per optimizer step (null = whole batch)", min=1)
     micro_batch_size: int | None = opt(None, "sequences per forward/backward (gradient accumulation)", min=1)
+    micro_batch_tokens: int | None = opt(None, "token budget per forward/backward instead of a sequence count: "
+                                         "consecutive sequences up to this many real tokens (null = off)", min=1)
+    pack: bool = opt(False, "padding-free forward: pack sequences into dense rows (position-id restarts)")
+    pack_row_tokens: int = opt(2048, "tokens per packed row (a longer sequence gets a row of its own)", min=1)
+    logprob_chunk_size: int | None = opt(None, "tokens per chunk of the log-prob / entropy computation from hidden "
+                                         "states (memory O(chunk * vocab)); null = 2^26 / vocab; 0 = materialise "
+                                         "the full (B, T, V) logits", min=0)
     lr: float = opt(3e-4, "AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0.0)
     betas: list = opt(None, "AdamW betas", factory=lambda: [0.9, 0.99])

@@ -48,7 +48,7 @@ from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from credo.train.dump import rollout_records
-from credo.train.forward import batched_logprobs, batched_values
+from credo.train.forward import ForwardOptions, batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.progress import StepProgress
@@ -190,8 +190,9 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
         adv_needs = advantage_requirements(a.advantage, a.advantage_args)
         with timer("old_logprob"):
             stats = ("entropy", "entropy_direction") if "entropy_direction" in adv_needs else ("entropy",)
-            batch.old_logprobs, token_stats = batched_logprobs(parts.model, batch, micro_batch_size=micro,
-                                                               temperature=temperature, stats=stats)
+            batch.old_logprobs, token_stats = batched_logprobs(
+                parts.model, batch, micro_batch_size=micro, micro_batch_tokens=cfg.train.micro_batch_tokens,
+                temperature=temperature, stats=stats, opts=ForwardOptions.of(cfg))
             batch.entropy = token_stats["entropy"]
         state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
         if parts.critic is not None:
@@ -231,8 +232,10 @@ def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: di
     if parts.ref_model is None:
         return rewards
     with timer("ref"):
-        batch.ref_logprobs, _ = batched_logprobs(parts.ref_model, batch, micro_batch_size=cfg.train.micro_batch_size,
-                                                 temperature=cfg.rollout.temperature)
+        batch.ref_logprobs, _ = batched_logprobs(
+            parts.ref_model, batch, micro_batch_size=cfg.train.micro_batch_size,
+            micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=cfg.rollout.temperature,
+            opts=ForwardOptions.of(cfg))
     kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.response_mask  # (B, T)
     metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask))
     if not (a.kl_in_reward and a.kl_coef > 0):

@@ -9,12 +9,13 @@ that temperature-scaled, *unfiltered* distribution, which is what the trainer re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import DynamicCache
 
 from credo.models.tokenizer import encode_prompt
+from credo.rollout.base import OnDone
 from credo.types import Example, SamplingParams, Trajectory
 
 
@@ -31,10 +32,12 @@ class HFRolloutEngine:
 
     # -------------------------------------------------------------- protocol
 
-    def generate(self, prompts: list[Example], n: int, sampling: SamplingParams) -> list[Trajectory]:
+    def generate(self, prompts: list[Example], n: int, sampling: SamplingParams,
+                 on_done: OnDone | None = None) -> list[Trajectory]:
         prompt_ids = [self.encode(ex.prompt) for ex in prompts]
         rows = [(g, ex, ids) for g, (ex, ids) in enumerate(zip(prompts, prompt_ids)) for _ in range(n)]
-        outs = self.continue_ids([r[2] for r in rows], sampling)
+        on_finish = None if on_done is None else (lambda i, cont: on_done(i, self._trajectory(rows[i], cont)))
+        outs = self.continue_ids([r[2] for r in rows], sampling, on_finish=on_finish)
         return [self._trajectory(row, out) for row, out in zip(rows, outs)]
 
     def state_dict(self) -> dict[str, Any]:
@@ -46,12 +49,14 @@ class HFRolloutEngine:
     # -------------------------------------------------------------- token-level API (agent loops)
 
     def continue_ids(self, prefixes: list[list[int]], sampling: SamplingParams, *, stop_ids: tuple[int, ...] = (),
-                     top_logprobs: int = 0, stop_sequences: tuple[tuple[int, ...], ...] = ()) -> list[Continuation]:
+                     top_logprobs: int = 0, stop_sequences: tuple[tuple[int, ...], ...] = (),
+                     on_finish: Callable[[int, Continuation], None] | None = None) -> list[Continuation]:
         """Sample a continuation of every token-id prefix, in batches of ``max_batch_size``.
 
         A row stops after EOS or any ``stop_ids`` token, or once its generated tokens end with one of
         ``stop_sequences`` (vLLM's ``stop``; the sequence is kept), or at ``max_new_tokens``.
         ``top_logprobs > 0`` also records the k largest log-probs at every generated position.
+        ``on_finish(index, continuation)`` is called as each row completes, while the others still decode.
         """
         gen = self.generator
         if sampling.seed is not None:
@@ -63,8 +68,9 @@ class HFRolloutEngine:
         self.model.eval()
         try:
             for start in range(0, len(prefixes), self.max_batch_size):
+                notify = None if on_finish is None else (lambda i, c, s=start: on_finish(s + i, c))
                 out.extend(self._decode(prefixes[start : start + self.max_batch_size], sampling, gen, stops,
-                                        top_logprobs, tuple(tuple(q) for q in stop_sequences if q)))
+                                        top_logprobs, tuple(tuple(q) for q in stop_sequences if q), notify))
         finally:
             self.model.train(was_training)
         return out
@@ -76,77 +82,113 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def _decode(self, prefixes: list[list[int]], sp: SamplingParams, gen: torch.Generator, stops: tuple[int, ...],
-                top_k: int, stop_sequences: tuple[tuple[int, ...], ...] = ()) -> list[Continuation]:
-        batch = len(prefixes)
-        plen = max(len(ids) for ids in prefixes)
-        input_ids = torch.full((batch, plen), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((batch, plen), dtype=torch.long)
-        for i, ids in enumerate(prefixes):
-            input_ids[i, plen - len(ids) :] = torch.tensor(ids)
-            attn[i, plen - len(ids) :] = 1
-        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-        cache = DynamicCache(config=self.model.config)
+                top_k: int, stop_sequences: tuple[tuple[int, ...], ...] = (),
+                on_finish: Callable[[int, Continuation], None] | None = None) -> list[Continuation]:
+        """Decode every prefix; identical prefixes share one prefill (its KV is copied to each), and finished rows
+        leave the batch once a quarter of it has finished (the KV cache is compacted), so no work is spent on them.
+        Each (row, step) draws its own uniform number whatever the batch holds, so results do not depend on when
+        rows are compacted."""
+        batch, steps = len(prefixes), sp.max_new_tokens
+        tokens = torch.full((batch, max(steps, 1)), self.pad_id, dtype=torch.long)
+        logps = torch.zeros((batch, max(steps, 1)))
+        tops = torch.zeros((batch, max(steps, 1), top_k)) if top_k else None
+        lengths = torch.zeros(batch, dtype=torch.long)
+        finished = torch.zeros(batch, dtype=torch.bool)
+        if steps == 0:
+            return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
+        cache, attn, logits, active = self._prefill(prefixes)
+        step_pos = (attn.sum(-1, keepdim=True) - 1)  # (A, 1) position of the last prefix token
         stop_t = torch.tensor(stops, device=self.device)
-        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        finished_at: list[int | None] = [None] * batch
-        tokens, logps, tops = [], [], []
-        step_ids, step_pos = input_ids, positions
-        for t in range(sp.max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, cache=cache, use_cache=True)
-            cache = out.cache
-            logits = out.logits[:, -1, :].float()  # (B, V)
-            nxt, lp, full = self._sample(logits, sp, gen)
-            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
-            tokens.append(nxt)
-            logps.append(torch.where(done, torch.zeros_like(lp), lp))
+        done = torch.zeros(len(active), dtype=torch.bool, device=self.device)  # finished rows still in the batch
+        for t in range(steps):
+            u = torch.rand(batch, generator=gen)[active.cpu()]  # one draw per original row and step
+            nxt, lp, full = self._sample(logits.float(), sp, u.to(self.device))
+            live = (~done).nonzero().flatten()
+            rows = active[live].cpu()
+            tokens[rows, t] = nxt[live].cpu()
+            logps[rows, t] = lp[live].cpu()
+            lengths[rows] = t + 1
             if top_k:
-                tops.append(torch.topk(full, min(top_k, full.shape[-1]), dim=-1).values.cpu())
+                tops[rows, t] = torch.topk(full[live], min(top_k, full.shape[-1]), dim=-1).values.cpu()
             newly = (~done) & torch.isin(nxt, stop_t)
             if stop_sequences:
-                newly = newly | self._ends_with(tokens, done, stop_sequences)
-            for i in newly.nonzero().flatten().tolist():
-                finished_at[i] = t + 1
-            done = done | newly
-            if bool(done.all()):
+                newly |= self._ends_with(tokens[active.cpu(), : t + 1], stop_sequences).to(self.device) & ~done
+            finished[active[newly].cpu()] = True
+            done |= newly
+            if on_finish is not None:
+                for i in active[newly].tolist():
+                    on_finish(i, self._continuation(tokens, logps, tops, i, int(lengths[i]), True))
+            if bool(done.all()) or t == steps - 1:
                 break
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)  # finished rows' outputs are discarded
-            step_ids = nxt.unsqueeze(-1)
-            step_pos = step_pos[:, -1:] + 1
-        tokens_t = torch.stack(tokens, 1).cpu()  # (B, T)
-        logps_t = torch.stack(logps, 1).cpu()  # (B, T)
-        tops_t = torch.stack(tops, 1) if top_k else None  # (B, T, k)
-        outs = []
-        for i in range(batch):
-            length = finished_at[i] if finished_at[i] is not None else tokens_t.shape[1]
-            outs.append(Continuation(ids=tokens_t[i, :length].tolist(), logprobs=logps_t[i, :length].tolist(),
-                                     finish_reason="stop" if finished_at[i] is not None else "length",
-                                     top_logprobs=tops_t[i, :length] if tops_t is not None else None))
+            if int(done.sum()) * 4 >= len(done):  # compact: drop the finished rows from the batch and the cache
+                keep = (~done).nonzero().flatten()
+                cache.reorder_cache(keep)
+                active, attn, step_pos, nxt, done = active[keep], attn[keep], step_pos[keep], nxt[keep], done[keep]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
+            step_pos = step_pos + 1
+            out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=step_pos, cache=cache,
+                             use_cache=True)
+            cache, logits = out.cache, out.logits[:, -1, :]
+        return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
+
+    def _prefill(self, prefixes: list[list[int]]):
+        """Left-padded prefill of the distinct prefixes, expanded to every row: (cache, attention (B, P),
+        next-token logits (B, V), row indices (B,))."""
+        distinct: dict[tuple[int, ...], int] = {}
+        inverse = torch.tensor([distinct.setdefault(tuple(ids), len(distinct)) for ids in prefixes])
+        uniq = list(distinct)
+        plen = max(len(ids) for ids in uniq)
+        input_ids = torch.full((len(uniq), plen), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(uniq), plen), dtype=torch.long)
+        for i, ids in enumerate(uniq):
+            input_ids[i, plen - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attn[i, plen - len(ids) :] = 1
+        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # (U, P)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True)
+        cache, logits = out.cache, out.logits[:, -1, :]
+        idx = inverse.to(self.device)
+        if len(uniq) < len(prefixes):
+            cache.reorder_cache(idx)
+        return cache, attn[idx], logits[idx], torch.arange(len(prefixes), device=self.device)
+
+    @classmethod
+    def _continuations(cls, tokens, logps, tops, lengths, finished, on_finish=None) -> list[Continuation]:
+        outs = [cls._continuation(tokens, logps, tops, i, n, bool(finished[i])) for i, n in enumerate(lengths.tolist())]
+        if on_finish is not None:  # the rows that ran to max_new_tokens (stopped rows were reported as they ended)
+            for i, c in enumerate(outs):
+                if c.finish_reason == "length":
+                    on_finish(i, c)
         return outs
 
     @staticmethod
-    def _ends_with(tokens: list[torch.Tensor], done: torch.Tensor,
-                   sequences: tuple[tuple[int, ...], ...]) -> torch.Tensor:
-        """(B,) bool: active rows whose generated tokens so far end with one of ``sequences``."""
-        hit = torch.zeros_like(done)
-        for seq in sequences:
-            if len(seq) > len(tokens):
-                continue
-            tail = torch.stack(tokens[-len(seq):], 1)  # (B, len(seq))
-            hit |= (tail == torch.tensor(seq, device=tail.device)).all(-1)
-        return hit & ~done
+    def _continuation(tokens, logps, tops, i: int, n: int, stopped: bool) -> Continuation:
+        return Continuation(ids=tokens[i, :n].tolist(), logprobs=logps[i, :n].tolist(),
+                            finish_reason="stop" if stopped else "length",
+                            top_logprobs=tops[i, :n].clone() if tops is not None else None)
 
-    def _sample(self, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator):
-        """(token (B,), its log-prob (B,), full log-probs (B, V)) under the temperature-scaled logits."""
+    @staticmethod
+    def _ends_with(tokens: torch.Tensor, sequences: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+        """(A,) bool: rows whose generated tokens (A, t) end with one of ``sequences``."""
+        hit = torch.zeros(tokens.shape[0], dtype=torch.bool)
+        for seq in sequences:
+            if len(seq) <= tokens.shape[1]:
+                hit |= (tokens[:, -len(seq):] == torch.tensor(seq)).all(-1)
+        return hit
+
+    def _sample(self, logits: torch.Tensor, sp: SamplingParams, u: torch.Tensor):
+        """(token (A,), its log-prob (A,), full log-probs (A, V)) under the temperature-scaled logits; ``u`` (A,)
+        are the rows' uniform draws (inverse-CDF sampling of the top-k / top-p filtered distribution)."""
         if sp.greedy or sp.temperature == 0:
             logprobs = logits.log_softmax(-1)
             tok = logits.argmax(-1)
             return tok, logprobs.gather(-1, tok.unsqueeze(-1)).squeeze(-1), logprobs
         logits = logits / sp.temperature
-        logprobs = logits.log_softmax(-1)  # (B, V)
-        filtered = filter_logits(logits, top_k=sp.top_k, top_p=sp.top_p)
-        probs = filtered.softmax(-1).cpu()
-        tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
+        logprobs = logits.log_softmax(-1)  # (A, V)
+        cdf = filter_logits(logits, top_k=sp.top_k, top_p=sp.top_p).softmax(-1).cumsum(-1)  # (A, V)
+        target = (u.unsqueeze(-1) * cdf[:, -1:]).clamp(min=torch.finfo(cdf.dtype).tiny)  # never a zero-mass token
+        tok = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
         return tok, logprobs.gather(-1, tok.unsqueeze(-1)).squeeze(-1), logprobs
 
     def _trajectory(self, row, cont: Continuation) -> Trajectory:

@@ -1,9 +1,13 @@
 """Forward passes over a :class:`TrainBatch`: response log-probs, per-token statistics, critic values."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from credo.algo import entropy_direction_from_logits, entropy_from_logits, logprobs_from_logits
+from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
+from credo.train.packing import pack, token_budget_groups, valid_responses
 from credo.types import TrainBatch
 
 # Per-token statistics of the full next-token distribution that the no-grad pass can return.
@@ -15,8 +19,28 @@ def _inputs(batch: TrainBatch, device: torch.device) -> dict[str, torch.Tensor]:
             "position_ids": batch.position_ids.to(device)}
 
 
+@dataclass(frozen=True)
+class ForwardOptions:
+    """How the policy forward turns hidden states into per-token statistics.
+
+    chunk_size: rows of the (N, V) logits computed at a time (None = about 2^26 logits per chunk; 0 = the whole
+    (B, T, V) logits at once, the naive path); pack: pack sequences into dense rows (no padding) of at most ``row_tokens`` tokens."""
+
+    chunk_size: int | None = None
+    pack: bool = False
+    row_tokens: int = 2048
+
+    @classmethod
+    def of(cls, cfg) -> "ForwardOptions":
+        t = cfg.train
+        return cls(chunk_size=t.logprob_chunk_size, pack=t.pack, row_tokens=t.pack_row_tokens)
+
+
+NAIVE = ForwardOptions(chunk_size=0, pack=False)
+
+
 def response_logits(model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Temperature-scaled logits that predict each response token: (B, T, V)."""
+    """Temperature-scaled logits that predict each response token: (B, T, V) (the naive path)."""
     device = next(model.parameters()).device
     out = model(**_inputs(batch, device), use_cache=False)
     p, t = batch.prompt_len, batch.responses.shape[1]
@@ -24,21 +48,70 @@ def response_logits(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     return logits / temperature if temperature not in (0.0, 1.0) else logits
 
 
+def _lm_head(model: torch.nn.Module) -> torch.nn.Linear:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear) or getattr(model, "base_model", model) is model:
+        raise ValueError(f"{type(model).__name__} has no backbone + linear output head; set train.logprob_chunk_size=0 "
+                         "and train.pack=false (the full-logits path)")
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise ValueError("logit soft-capping is not supported by the chunked path; set train.logprob_chunk_size=0")
+    return head
+
+
+def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOptions):
+    """Final hidden states that predict the batch's real response tokens, row-major:
+    (hidden (N, H), labels (N,), valid (B, T) bool)."""
+    device = next(model.parameters()).device
+    if opts.pack:
+        packed = pack(batch, opts.row_tokens)
+        out = model.base_model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
+                               attention_mask=None, use_cache=False).last_hidden_state  # (R, S, H)
+        hidden = out.reshape(-1, out.shape[-1])[packed.response_index.to(device)]  # (N, H)
+        return hidden, packed.labels.to(device), packed.valid.to(device)
+    out = model.base_model(**_inputs(batch, device), use_cache=False).last_hidden_state  # (B, P + T, H)
+    p, t = batch.prompt_len, batch.responses.shape[1]
+    valid = valid_responses(batch).to(device)  # (B, T)
+    return out[:, p - 1 : p - 1 + t][valid], batch.responses.to(device)[valid], valid
+
+
+def _scatter(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(N,) values at the True positions of ``valid`` (B, T), zeros elsewhere: (B, T)."""
+    rows, cols = valid.nonzero(as_tuple=True)
+    return values.new_zeros(valid.shape).index_put((rows, cols), values)
+
+
 def policy_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module, batch: TrainBatch, *, temperature: float = 1.0, with_entropy: bool = False,
+    opts: ForwardOptions = ForwardOptions(),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logprobs (B, T), entropy (B, T) or None) of the batch's responses under ``model``."""
-    logits = response_logits(model, batch, temperature)
-    labels = batch.responses.to(logits.device)
-    logprobs = logprobs_from_logits(logits, labels)  # (B, T)
-    entropy = entropy_from_logits(logits) if with_entropy else None  # (B, T)
-    return logprobs, entropy
+    """(logprobs (B, T), entropy (B, T) or None) of the batch's responses under ``model``; differentiable.
+    Positions past a response's end are 0."""
+    if opts.chunk_size == 0 and not opts.pack:
+        logits = response_logits(model, batch, temperature)
+        labels = batch.responses.to(logits.device)
+        logprobs = logprobs_from_logits(logits, labels)  # (B, T)
+        entropy = entropy_from_logits(logits) if with_entropy else None  # (B, T)
+        valid = valid_responses(batch).to(logits.device)
+        return logprobs * valid, (entropy * valid if entropy is not None else None)
+    head = _lm_head(model)
+    hidden, labels, valid = response_hidden(model, batch, opts)
+    lp, ent = chunked_logprobs_entropy(hidden, head.weight, labels, bias=head.bias, temperature=temperature or 1.0,
+                                       chunk_size=opts.chunk_size or None, with_entropy=with_entropy)
+    return _scatter(lp, valid), (_scatter(ent, valid) if ent is not None else None)
+
+
+def micro_batches(batch: TrainBatch, *, size: int | None = None, tokens: int | None = None) -> list[TrainBatch]:
+    """Consecutive micro-batches of ``size`` sequences, or of at most ``tokens`` real tokens each."""
+    if tokens is not None:
+        lengths = batch.attention_mask.sum(-1).tolist()
+        return [batch.select(torch.tensor(g)) for g in token_budget_groups(lengths, tokens)]
+    return [batch.select(rows) for rows in torch.arange(batch.batch_size).split(size or batch.batch_size)]
 
 
 @torch.no_grad()
 def batched_logprobs(
     model: torch.nn.Module, batch: TrainBatch, *, micro_batch_size: int | None, temperature: float = 1.0,
-    stats: tuple[str, ...] = (),
+    stats: tuple[str, ...] = (), opts: ForwardOptions = ForwardOptions(), micro_batch_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """No-grad log-probs of the whole batch plus the requested ``TOKEN_STATS``, in micro-batches, on the CPU."""
     unknown = set(stats) - set(TOKEN_STATS)
@@ -46,22 +119,60 @@ def batched_logprobs(
         raise ValueError(f"unknown token statistics {sorted(unknown)}; available: {TOKEN_STATS}")
     was_training = model.training
     model.eval()
-    size = micro_batch_size or batch.batch_size
     lps: list[torch.Tensor] = []
     out: dict[str, list[torch.Tensor]] = {name: [] for name in stats}
+    width = batch.responses.shape[1]
     try:
-        for start in range(0, batch.batch_size, size):
-            mb = batch.select(torch.arange(start, min(start + size, batch.batch_size)))
-            logits = response_logits(model, mb, temperature)
-            labels = mb.responses.to(logits.device)
-            lps.append(logprobs_from_logits(logits, labels).cpu())
-            if "entropy" in stats:
-                out["entropy"].append(entropy_from_logits(logits).cpu())
-            if "entropy_direction" in stats:
-                out["entropy_direction"].append(entropy_direction_from_logits(logits, labels).cpu())
+        for mb in micro_batches(batch, size=micro_batch_size, tokens=micro_batch_tokens):
+            mb = trim(mb)
+            lp, st = _micro_stats(model, mb, temperature, stats, opts)
+            lps.append(_pad_to(lp.cpu(), width))
+            for name in stats:
+                out[name].append(_pad_to(st[name].cpu(), width))
     finally:
         model.train(was_training)
     return torch.cat(lps), {name: torch.cat(parts) for name, parts in out.items()}
+
+
+def trim(mb: TrainBatch) -> TrainBatch:
+    """Drop the columns that are padding in every row of a micro-batch (left of the prompts, right of the
+    responses); the layout invariant (response token t predicted at column P - 1 + t) is kept."""
+    attn = mb.attention_mask.bool()
+    p = mb.prompt_len
+    left = int((~attn[:, :p]).all(0).long().cumprod(0).sum())  # leading all-padding prompt columns
+    left = min(left, p - 1)  # keep at least one prompt column
+    t = max(int(attn[:, p:].sum(-1).max()), 1)
+    if left == 0 and t == mb.responses.shape[1]:
+        return mb
+    out = {}
+    for name in mb.__dataclass_fields__:
+        v = getattr(mb, name)
+        if name in ("input_ids", "attention_mask", "position_ids"):
+            v = v[:, left : p + t]
+        elif isinstance(v, torch.Tensor) and v.dim() == 2:
+            v = v[:, :t]
+        out[name] = v
+    out["prompt_len"] = p - left
+    return TrainBatch(**out)
+
+
+def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.shape[1] < width else x
+
+
+def _micro_stats(model, mb: TrainBatch, temperature: float, stats: tuple[str, ...], opts: ForwardOptions):
+    if opts.chunk_size == 0 and not opts.pack:
+        logits = response_logits(model, mb, temperature)
+        labels = mb.responses.to(logits.device)
+        valid = valid_responses(mb).to(logits.device)
+        fns = {"entropy": lambda: entropy_from_logits(logits),
+               "entropy_direction": lambda: entropy_direction_from_logits(logits, labels)}
+        return logprobs_from_logits(logits, labels) * valid, {name: fns[name]() * valid for name in stats}
+    head = _lm_head(model)
+    hidden, labels, valid = response_hidden(model, mb, opts)
+    lp, st = chunked_token_stats(hidden, head.weight, labels, stats, bias=head.bias, temperature=temperature or 1.0,
+                                 chunk_size=opts.chunk_size or None)
+    return _scatter(lp, valid), {name: _scatter(v, valid) for name, v in st.items()}
 
 
 def response_values(critic: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:

@@ -9,6 +9,8 @@ is trained as it is (Klear's behaviour). Without it, dropped groups are simply n
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 from dataclasses import dataclass, field
 
 from credo.rewards.shaping import overlong_penalty
@@ -34,10 +36,12 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
     rounds = 0
     while True:
         rounds += 1
-        with timer("gen"):
-            trajs = engine.generate(sampler.next_batch(prompts_per_step), group_size, sampling)
-        with timer("reward"):
-            results = runner.score([t.response_text for t in trajs], [t.example for t in trajs])
+        with StreamingScorer(runner) as scorer:
+            with timer("gen"):
+                trajs = engine.generate(sampler.next_batch(prompts_per_step), group_size, sampling,
+                                        on_done=scorer.submit)
+            with timer("reward"):  # only what is left once generation has ended
+                results = scorer.results(trajs)
         results = [_shape(t, r, sampling.max_new_tokens, overlong_buffer, overlong_factor) for t, r in zip(trajs, results)]
         all_trajs += trajs
         all_results += results
@@ -60,6 +64,66 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
         metrics["reward/overlong_penalty_mean"] = sum(r.info.get("overlong_penalty", 0.0) for r in all_results) / len(
             all_results)
     return Rollouts(out_trajs, out_results, metrics)
+
+
+class StreamingScorer:
+    """Scores trajectories in a background thread as the engine reports them done, so reward computation
+    (verifier worker processes, sandboxes) overlaps the rest of the generation.
+
+    One thread calls ``runner.score`` (the runner is not thread-safe), each time on everything queued so far.
+    :meth:`results` waits for the remaining items and returns the results in output order; an output that was
+    never reported is scored there. An exception inside ``runner.score`` is re-raised by :meth:`results`.
+    """
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self._queue: queue.Queue = queue.Queue()
+        self._done: dict[int, RewardResult] = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="credo-reward-stream", daemon=True)
+        self._thread.start()
+
+    def submit(self, index: int, traj: Trajectory) -> None:
+        self._queue.put((index, traj))
+
+    def _work(self) -> None:
+        stop = False
+        while not stop:
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(item is None for item in items)
+            items = [item for item in items if item is not None]
+            if items and self._error is None:
+                try:
+                    scored = self.runner.score([t.response_text for _, t in items], [t.example for _, t in items])
+                    self._done.update({i: r for (i, _), r in zip(items, scored)})
+                except BaseException as exc:  # surfaced by results()
+                    self._error = exc
+
+    def results(self, trajs: list[Trajectory]) -> list[RewardResult]:
+        self.close()
+        if self._error is not None:
+            raise self._error
+        missing = [i for i in range(len(trajs)) if i not in self._done]
+        if missing:
+            scored = self.runner.score([trajs[i].response_text for i in missing], [trajs[i].example for i in missing])
+            self._done.update(zip(missing, scored))
+        return [self._done[i] for i in range(len(trajs))]
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> "StreamingScorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _shape(traj: Trajectory, result: RewardResult, max_len: int, buffer: int, factor: float) -> RewardResult:

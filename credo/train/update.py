@@ -11,7 +11,7 @@ import torch
 
 from credo.algo import AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_requirements, value_loss
 from credo.config import RunConfig
-from credo.train.forward import policy_logprobs, response_values
+from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_values, trim
 from credo.train.optim import clip_and_step
 from credo.train.stats import MetricAccumulator
 from credo.types import TrainBatch
@@ -22,14 +22,13 @@ def minibatches(cfg: RunConfig, batch: TrainBatch, *, step: int):
     t = cfg.train
     size = batch.batch_size
     mini = min(t.mini_batch_size or size, size)
-    micro = t.micro_batch_size or mini
     for epoch in range(t.ppo_epochs):
         order = torch.arange(size)
         if mini < size:
             order = torch.randperm(size, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch))
         for rows in order.split(mini):
             mb = batch.select(rows)
-            yield mb, [mb.select(r) for r in torch.arange(len(rows)).split(micro)]
+            yield mb, [trim(m) for m in micro_batches(mb, size=t.micro_batch_size, tokens=t.micro_batch_tokens)]
 
 
 def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:
@@ -70,7 +69,8 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
     as its share of the mini-batch loss. Returns (loss, per-update metrics, token-weighted metrics)."""
     a = cfg.algo
     needs_entropy = a.entropy_coef != 0 or "entropy" in policy_loss_requirements(a.policy_loss, a.policy_loss_args)
-    logprobs, entropy = policy_logprobs(model, mb, temperature=cfg.rollout.temperature, with_entropy=needs_entropy)
+    logprobs, entropy = policy_logprobs(model, mb, temperature=cfg.rollout.temperature, with_entropy=needs_entropy,
+                                        opts=ForwardOptions.of(cfg))
     mask = mb.response_mask
     out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
                               response_mask=mask, entropy=entropy, ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm,

@@ -1,0 +1,175 @@
+"""Chunked log-probs / entropy and the padding-free forward equal the naive full-logits computation.
+
+Equivalence tier: float64 so that any difference is a bug, not rounding; gradients included.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
+from credo.algo.logprobs import entropy_direction_from_logits, entropy_from_logits, logprobs_from_logits
+from credo.config import ModelConfig
+from credo.models import build_model
+from credo.train.batch import collate
+from credo.train.forward import NAIVE, ForwardOptions, batched_logprobs, micro_batches, policy_logprobs, trim
+from credo.train.packing import first_fit, pack, token_budget_groups
+from credo.types import Example, RewardResult, Trajectory
+
+F64 = torch.float64
+
+
+def _naive(h, w, b, y, tau):
+    z = (h @ w.T + b) / tau  # (N, V)
+    return logprobs_from_logits(z, y), entropy_from_logits(z)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 64])
+def test_chunked_values_and_gradients_equal_naive_float64(chunk_size):
+    g = torch.Generator().manual_seed(0)
+    n, hdim, v = 37, 16, 50
+    h = torch.randn(n, hdim, dtype=F64, generator=g, requires_grad=True)
+    w = torch.randn(v, hdim, dtype=F64, generator=g, requires_grad=True)
+    b = torch.randn(v, dtype=F64, generator=g, requires_grad=True)
+    y = torch.randint(0, v, (n,), generator=g)
+    g_lp, g_ent = torch.randn(n, dtype=F64, generator=g), torch.randn(n, dtype=F64, generator=g)
+
+    lp, ent = _naive(h, w, b, y, 0.7)
+    (lp * g_lp + ent * g_ent).sum().backward()
+    naive_grads = [t.grad.clone() for t in (h, w, b)]
+    for t in (h, w, b):
+        t.grad = None
+    lp2, ent2 = chunked_logprobs_entropy(h, w, y, bias=b, temperature=0.7, chunk_size=chunk_size)
+    (lp2 * g_lp + ent2 * g_ent).sum().backward()
+
+    torch.testing.assert_close(lp2, lp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent2, ent, rtol=0, atol=1e-12)
+    for got, want in zip((h.grad, w.grad, b.grad), naive_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+def test_chunked_passes_gradcheck_and_log_prob_only_mode():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(7, 4, dtype=F64, generator=g, requires_grad=True)
+    w = torch.randn(9, 4, dtype=F64, generator=g, requires_grad=True)
+    y = torch.randint(0, 9, (7,), generator=g)
+    assert torch.autograd.gradcheck(lambda h, w: chunked_logprobs_entropy(h, w, y, chunk_size=3), (h, w))
+    lp, ent = chunked_logprobs_entropy(h, w, y, chunk_size=2, with_entropy=False)
+    assert ent is None
+    lp.sum().backward()  # d/dz of sum log p_y = onehot - p, so each row's grad w.r.t. h is (onehot - p) @ W
+    p = (h.detach() @ w.detach().T).softmax(-1)
+    onehot = torch.nn.functional.one_hot(y, 9).to(F64)
+    torch.testing.assert_close(h.grad, (onehot - p) @ w.detach(), rtol=0, atol=1e-12)
+
+
+def test_chunked_token_stats_equal_naive():
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(11, 8, dtype=F64, generator=g), torch.randn(30, 8, dtype=F64, generator=g)
+    y = torch.randint(0, 30, (11,), generator=g)
+    z = h @ w.T / 1.3
+    lp, stats = chunked_token_stats(h, w, y, ("entropy", "entropy_direction"), temperature=1.3, chunk_size=4)
+    torch.testing.assert_close(lp, logprobs_from_logits(z, y), rtol=0, atol=1e-12)
+    torch.testing.assert_close(stats["entropy"], entropy_from_logits(z), rtol=0, atol=1e-12)
+    torch.testing.assert_close(stats["entropy_direction"], entropy_direction_from_logits(z, y), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="unknown token statistics"):
+        chunked_token_stats(h, w, y, ("nope",))
+
+
+def test_bfloat16_inputs_are_computed_in_float32():
+    g = torch.Generator().manual_seed(3)
+    h, w = torch.randn(5, 8, generator=g), torch.randn(20, 8, generator=g)
+    y = torch.randint(0, 20, (5,), generator=g)
+    lp, ent = chunked_logprobs_entropy(h.bfloat16(), w.bfloat16(), y, chunk_size=2)
+    want_lp, want_ent = _naive(h.bfloat16().float(), w.bfloat16().float(), torch.zeros(20), y, 1.0)
+    assert lp.dtype == torch.float32
+    torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, want_ent, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ model-level paths
+
+def _model64():
+    cfg = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                      max_position_embeddings=128)
+    model, tok = build_model(cfg, seed=0)
+    return model.to(F64), tok
+
+
+def _batch(tok, seed=0):
+    """Prompts of different lengths (left padding) and responses of different lengths (right padding), one with a
+    masked observation in the middle, as agent episodes have."""
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    for i, (p, r) in enumerate([(3, 9), (7, 2), (1, 5), (5, 12), (4, 1)]):
+        prompt = torch.randint(4, len(tok), (p,), generator=g).tolist()
+        resp = torch.randint(4, len(tok), (r,), generator=g).tolist()
+        mask = [1] * r if i != 3 else [1] * 4 + [0] * 5 + [1] * 3
+        trajs.append(Trajectory(example=Example(str(i), "", str(i)), group_id=i // 2, prompt_ids=prompt,
+                                response_ids=resp, rollout_logprobs=[0.0] * r, response_mask=mask,
+                                finish_reason="eos"))
+    return collate(trajs, [RewardResult(float(i % 2)) for i in range(len(trajs))], pad_id=tok.pad_token_id)
+
+
+@pytest.mark.parametrize("opts", [ForwardOptions(chunk_size=4, pack=False), ForwardOptions(chunk_size=0, pack=True),
+                                  ForwardOptions(chunk_size=3, pack=True, row_tokens=16)])
+def test_model_logprobs_entropy_and_loss_gradients_equal_naive(opts):
+    model, tok = _model64()
+    batch = _batch(tok)
+    weights = torch.randn(batch.responses.shape, dtype=F64, generator=torch.Generator().manual_seed(4))
+
+    def run(o):
+        model.zero_grad()
+        lp, ent = policy_logprobs(model, batch, temperature=0.9, with_entropy=True, opts=o)
+        ((lp * weights + 0.1 * ent) * batch.response_mask).sum().backward()
+        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    lp0, ent0, grads0 = run(NAIVE)
+    lp1, ent1, grads1 = run(opts)
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-10)
+    torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-10)
+    assert (lp1[~batch.attention_mask[:, batch.prompt_len:].bool()] == 0).all()  # past a response's end: 0
+    for name in grads0:
+        torch.testing.assert_close(grads1[name], grads0[name], rtol=0, atol=1e-9, msg=name)
+
+
+def test_packing_puts_several_sequences_in_a_row_and_restarts_positions():
+    _, tok = _model64()
+    batch = _batch(tok)
+    packed = pack(batch, row_tokens=16)
+    lengths = batch.attention_mask.sum(-1).tolist()  # [12, 9, 6, 17, 5]
+    assert packed.input_ids.shape[0] < batch.batch_size  # fewer rows than sequences
+    assert int((packed.position_ids == 0).sum()) >= batch.batch_size  # one restart per sequence (+ padding tails)
+    assert packed.labels.tolist() == batch.responses[batch.attention_mask[:, batch.prompt_len:].bool()].tolist()
+    assert sum(lengths) <= packed.input_ids.numel() < batch.input_ids.numel()
+
+
+def test_no_grad_pass_equals_naive_with_token_budget_micro_batches():
+    model, tok = _model64()
+    batch = _batch(tok)
+    want, want_stats = batched_logprobs(model, batch, micro_batch_size=None, stats=("entropy", "entropy_direction"),
+                                        opts=NAIVE)
+    for kwargs in ({"micro_batch_size": 1}, {"micro_batch_size": None, "micro_batch_tokens": 20}):
+        got, stats = batched_logprobs(model, batch, stats=("entropy", "entropy_direction"),
+                                      opts=ForwardOptions(chunk_size=5, pack=True, row_tokens=20), **kwargs)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+        for name in want_stats:
+            torch.testing.assert_close(stats[name], want_stats[name], rtol=0, atol=1e-10)
+
+
+def test_trim_drops_padding_columns_and_keeps_the_layout():
+    model, tok = _model64()
+    batch = _batch(tok)
+    micro = micro_batches(batch, size=2)[0]  # rows 0, 1: prompts 3 and 7 tokens, responses 9 and 2
+    small = trim(micro)
+    assert small.prompt_len == 7 and small.responses.shape[1] == 9
+    assert small.input_ids.shape[1] < micro.input_ids.shape[1]
+    lp_full, _ = policy_logprobs(model, micro, opts=NAIVE)
+    lp_small, _ = policy_logprobs(model, small, opts=NAIVE)
+    torch.testing.assert_close(lp_small, lp_full[:, :9], rtol=0, atol=1e-10)
+
+
+def test_token_budget_groups_and_first_fit():
+    # budget 10: [4, 5] = 9 fits, + 3 would be 12 -> new group; 12 alone (longer than the budget); [2, 2]
+    assert token_budget_groups([4, 5, 3, 12, 2, 2], 10) == [[0, 1], [2], [3], [4, 5]]
+    # capacity 10, longest first: 7 -> bin 0 (room 3); 6 -> bin 1 (room 4); 3 -> bin 0; 4 -> bin 1; 1 -> bin 2
+    assert first_fit([3, 7, 4, 6, 1], 10) == [[1, 0], [3, 2], [4]]
