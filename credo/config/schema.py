@@ -40,6 +40,10 @@ class TaskConfig:
     train_size: int = opt(4000, "generated training examples", min=1)
     eval_size: int = opt(200, "generated held-out examples", min=1)
     seed: int | None = opt(None, "data seed (null = run seed)")
+    prompt_template: str = opt("{prompt}", "each prompt becomes this text with {prompt} replaced, e.g. "
+                               "'What is {prompt}? Reply with the number only.'")
+    chat_template: bool = opt(False, "wrap each prompt as a user message in the tokenizer's chat template "
+                              "(pretrained instruct models)")
     train_file: str | None = opt(None, "JSONL/Parquet training file (task.name=file)")
     eval_file: str | None = opt(None, "JSONL/Parquet eval file; null = hold out eval_fraction of train_file")
     eval_fraction: float = opt(0.1, "held-out fraction when no eval_file is given", min=0.0, max=0.9)
@@ -152,6 +156,10 @@ class TrainConfig:
     micro_batch_size: int | None = opt(None, "sequences per forward/backward (gradient accumulation)", min=1)
     micro_batch_tokens: int | None = opt(None, "token budget per forward/backward instead of a sequence count: "
                                          "consecutive sequences up to this many real tokens (null = off)", min=1)
+    old_logprob_pass: str = opt("auto", "a separate no-grad pass for old_logprobs: always, or auto = skip it when "
+                                "each rollout batch gets exactly one optimizer step and nothing else reads it (then "
+                                "old_logprobs = the update's own log-probs, detached: ratio 1, as TRL with "
+                                "num_iterations=1)", choices=("auto", "always"))
     pack: bool = opt(False, "padding-free forward: pack sequences into dense rows (position-id restarts)")
     pack_row_tokens: int = opt(2048, "tokens per packed row (a longer sequence gets a row of its own)", min=1)
     logprob_chunk_size: int | None = opt(None, "tokens per chunk of the log-prob / entropy computation from hidden "

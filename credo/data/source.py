@@ -1,6 +1,7 @@
 """The examples a run trains and evaluates on, from a built-in task or a user file (``TaskConfig``)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -24,6 +25,26 @@ class TaskData:
     # (tokenizer, examples) -> TrainBatch of demonstrations; None = single-turn demonstrations above
     sft_batch: Callable | None = None
     stage_train: list[list[Example]] = field(default_factory=list)  # per sequential stage (agent RL)
+
+
+def format_prompts(data: TaskData, tokenizer, *, template: str = "{prompt}", chat: bool = False) -> TaskData:
+    """Rewrite every prompt as ``template.format(prompt=...)`` and, with ``chat``, as a user message wrapped in
+    the tokenizer's chat template with the assistant turn opened (instruct models). Answers are untouched."""
+    if template == "{prompt}" and not chat:
+        return data
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("task.chat_template=true but the tokenizer has no chat template (credo's tiny models "
+                         "have none: use it with a pretrained instruct model)")
+
+    def fmt(ex: Example) -> Example:
+        text = template.format(prompt=ex.prompt)
+        if chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        return dataclasses.replace(ex, prompt=text)
+
+    return dataclasses.replace(data, train=[fmt(e) for e in data.train], eval=[fmt(e) for e in data.eval],
+                               stage_train=[[fmt(e) for e in st] for st in data.stage_train])
 
 
 def load_task_data(cfg, *, seed: int) -> TaskData:

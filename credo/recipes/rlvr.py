@@ -48,6 +48,7 @@ from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from credo.train.dump import rollout_records
+from credo.data.source import format_prompts
 from credo.train.forward import ForwardOptions, batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
@@ -104,6 +105,8 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
         raise FileNotFoundError(f"no complete checkpoint in {run_dir}/checkpoints; start a new run instead")
     model, tokenizer, fresh = (load_model(ckpt / "model", cfg.model) + (False,)) if ckpt else \
         load_or_build(cfg.model, seed=cfg.seed)
+    if not (cfg.agent.envs or cfg.agent.stages):
+        data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
     with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
                                                            resume_step=_step_of(ckpt) if ckpt else None) as logger:
@@ -188,13 +191,16 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
             return metrics | timer.metrics() | {"train/skipped_step": 1}
         batch = collate(rollouts.trajs, rollouts.results, pad_id=parts.tokenizer.pad_token_id)
         adv_needs = advantage_requirements(a.advantage, a.advantage_args)
-        with timer("old_logprob"):
-            stats = ("entropy", "entropy_direction") if "entropy_direction" in adv_needs else ("entropy",)
-            batch.old_logprobs, token_stats = batched_logprobs(
-                parts.model, batch, micro_batch_size=micro, micro_batch_tokens=cfg.train.micro_batch_tokens,
-                temperature=temperature, stats=stats, opts=ForwardOptions.of(cfg))
-            batch.entropy = token_stats["entropy"]
-        state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
+        fused = fuse_old_logprobs(cfg, parts, adv_needs, batch.batch_size)
+        token_stats: dict[str, torch.Tensor] = {}
+        if not fused:
+            with timer("old_logprob"):
+                stats = ("entropy", "entropy_direction") if "entropy_direction" in adv_needs else ("entropy",)
+                batch.old_logprobs, token_stats = batched_logprobs(
+                    parts.model, batch, micro_batch_size=micro, micro_batch_tokens=cfg.train.micro_batch_tokens,
+                    temperature=temperature, stats=stats, opts=ForwardOptions.of(cfg))
+                batch.entropy = token_stats["entropy"]
+            state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
         if parts.critic is not None:
             with timer("values"):
                 batch.values = batched_values(parts.critic, batch, micro_batch_size=micro)
@@ -216,6 +222,8 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
             with timer("update"):
                 metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, batch, metrics), parts.optimizer,
                                              parts.scheduler, step=step))
+            if fused:
+                state.entropy_history.append(metrics["actor/entropy"])
     metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer))
     every = cfg.log.rollouts_every
     if every and (step + 1) % every == 0:
@@ -272,6 +280,16 @@ def greedy_baselines(cfg: RunConfig, parts: Parts, trajs, timer: Timer) -> torch
     return torch.tensor([by_group[t.group_id] for t in trajs], dtype=torch.float32)
 
 
+def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], batch_size: int) -> bool:
+    """Whether the old-log-prob pass can be skipped: one optimizer step on the whole batch (so the policy has not
+    moved when the loss is computed), no reference KL on old log-probs, no estimator or token selection that reads
+    the pass's statistics, and no critic warm-up step that would skip the update."""
+    t, a = cfg.train, cfg.algo
+    return (t.old_logprob_pass == "auto" and t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
+            and parts.ref_model is None and not {"entropy_direction", "entropy_history"} & set(adv_needs)
+            and a.top_entropy_quantile >= 1.0 and parts.critic is None)
+
+
 def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatch:
     """Restrict the policy loss to the top-q entropy tokens ("forking tokens") when configured."""
     q = cfg.algo.top_entropy_quantile
@@ -287,13 +305,14 @@ def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatc
 def step_metrics(batch: TrainBatch, trajs, timer: Timer) -> dict[str, float]:
     n_resp = float(batch.response_mask.sum())
     n_total = n_resp + sum(len(t.prompt_ids) for t in trajs)
-    out = {"actor/entropy": float(masked_mean(batch.entropy, batch.response_mask)),
-           "advantages/abs_mean": float(masked_mean(batch.advantages.abs(), batch.response_mask)),
+    out = {"advantages/abs_mean": float(masked_mean(batch.advantages.abs(), batch.response_mask)),
            "perf/tokens_per_s": n_total / max(timer.seconds["step"], 1e-9),
-           "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp,
-           # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 unless they disagree
-           "rollout/logprob_abs_diff": float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
-                                                         batch.response_mask))}
+           "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp}
+    if batch.old_logprobs is not None:  # else the update reported both (old-log-prob pass fused into it)
+        out["actor/entropy"] = float(masked_mean(batch.entropy, batch.response_mask))
+        # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 unless they disagree
+        out["rollout/logprob_abs_diff"] = float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
+                                                            batch.response_mask))
     if batch.values is not None:
         out["critic/vf_explained_var"] = explained_variance(batch.returns, batch.values, batch.response_mask)
         out["critic/values_mean"] = float(masked_mean(batch.values, batch.response_mask))

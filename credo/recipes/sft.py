@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from credo.config import RunConfig, load_config
-from credo.data.source import load_task_data
+from credo.data.source import format_prompts, load_task_data
 from credo.models import load_model, load_or_build, save_model
 from credo.recipes.common import (
     prepare_run_dir,
@@ -32,6 +32,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)
+    data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
     with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
         before = run_eval(cfg, engine, runner, data, run_dir, step=0)
@@ -60,6 +61,7 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer = load_model(model_dir, cfg.model)
+    data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
     with reward_runner(cfg, data) as runner:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
         examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval

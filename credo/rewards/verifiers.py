@@ -1,4 +1,4 @@
-"""Built-in verifiers: ``exact_match``, ``countdown`` and ``math``.
+"""Built-in verifiers: ``exact_match``, ``number``, ``countdown`` and ``math``.
 
 Each is registered by name on import. A malformed *response* is the model's fault and scores 0
 (``failed=False``); a verifier only raises for problems on the task side (e.g. missing metadata),
@@ -47,6 +47,27 @@ _COUNTDOWN_OPS: dict[type, Callable[[Fraction, Fraction], Fraction]] = {
 
 class _Disallowed(ValueError):
     """The expression contains a node other than + - * / on integer literals."""
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@register_reward("number")
+def number(response: str, example: Example, **_: Any) -> RewardResult:
+    """Score 1.0 iff the last number in the response equals ``example.answer`` numerically.
+
+    For chatty models: "12 + 35 = 47" and "The answer is 47." both score 1 for answer "47"; a response
+    without a number scores 0. Numbers are integers or decimals with an optional minus sign; "1,000" reads
+    as two numbers, so the last one (000) is compared.
+    """
+    found = _NUMBER.findall(response)
+    if not found:
+        return RewardResult(score=0.0, correct=False, info={"reason": "no number"})
+    try:
+        ok = Fraction(found[-1]) == Fraction(example.answer.strip())
+    except (ValueError, ZeroDivisionError) as exc:
+        raise ValueError(f"answer {example.answer!r} is not a number") from exc
+    return RewardResult(score=float(ok), correct=ok, info={"parsed": found[-1]})
 
 
 def _eval_countdown(node: ast.AST, used: list[int]) -> Fraction:

@@ -127,7 +127,7 @@ class HFRolloutEngine:
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
             step_pos = step_pos + 1
             out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=step_pos, cache=cache,
-                             use_cache=True)
+                             use_cache=True, logits_to_keep=1)
             cache, logits = out.cache, out.logits[:, -1, :]
         return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
 
@@ -146,7 +146,8 @@ class HFRolloutEngine:
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # (U, P)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True)
+        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True,
+                         logits_to_keep=1)  # the next-token logits only, not (U, P, V)
         cache, logits = out.cache, out.logits[:, -1, :]
         idx = inverse.to(self.device)
         if len(uniq) < len(prefixes):

@@ -68,11 +68,14 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
     """Policy loss (+ KL loss, - entropy bonus, + SFT on correct responses) of one micro-batch,
     as its share of the mini-batch loss. Returns (loss, per-update metrics, token-weighted metrics)."""
     a = cfg.algo
-    needs_entropy = a.entropy_coef != 0 or "entropy" in policy_loss_requirements(a.policy_loss, a.policy_loss_args)
+    fused = mb.old_logprobs is None  # no separate old-log-prob pass: on-policy, old = current (detached)
+    needs_entropy = fused or a.entropy_coef != 0 or "entropy" in policy_loss_requirements(a.policy_loss,
+                                                                                          a.policy_loss_args)
     logprobs, entropy = policy_logprobs(model, mb, temperature=cfg.rollout.temperature, with_entropy=needs_entropy,
                                         opts=ForwardOptions.of(cfg))
     mask = mb.response_mask
-    out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
+    old_logprobs = logprobs.detach() if fused else mb.old_logprobs
+    out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=old_logprobs, advantages=mb.advantages,
                               response_mask=mask, entropy=entropy, ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm,
                               **a.policy_loss_args)
     loss = out.loss
@@ -89,7 +92,12 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
         sft = agg_loss(-logprobs, correct_mask(mb, a.sft_correct_score), a.agg, norm=sft_norm)
         loss = loss + a.sft_coef * sft
         per_update["actor/sft_loss"] = float(sft.detach())
-    return loss, per_update, {f"actor/{k}": v for k, v in out.metrics.items()}
+    weighted = {f"actor/{k}": v for k, v in out.metrics.items()}
+    if fused:  # what the skipped pass would have reported
+        n = mask.sum().clamp(min=1.0)
+        weighted["actor/entropy"] = float((entropy.detach() * mask).sum() / n)
+        weighted["rollout/logprob_abs_diff"] = float(((mb.rollout_logprobs - old_logprobs).abs() * mask).sum() / n)
+    return loss, per_update, weighted
 
 
 def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:

@@ -1,0 +1,148 @@
+"""Median GRPO step time: credo vs TRL's GRPOTrainer, same model, prompts, group size, lengths, one update per step.
+
+Both run on the CPU from the same initial weights (a Hugging Face directory written first), the same prompts, the
+same exact-match reward, group size G, P prompts per step, at most T new tokens at temperature 1, no KL term, and
+one optimizer step per rollout batch (TRL: num_iterations=1, steps_per_generation=1; credo: ppo_epochs=1, one
+mini-batch). Each framework runs in its own subprocess with the same torch thread count; a step is the whole
+iteration (generation, reward, log-probs, update), timed by TRL's step callbacks and by credo's `timing_s/step`.
+The first `--warmup` steps are left out of the medians. TRL is an optional extra: pip install -e '.[bench]'.
+
+    python benchmarks/vs_trl.py                     # the demo's tiny model on string reversal
+    python benchmarks/vs_trl.py --model smollm2     # SmolLM2-135M-Instruct on 1-digit addition (credo model prepare smollm2)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TASKS = {"tiny": ("reversal", {}), "smollm2": ("addition", {"digits": 1})}
+
+
+def _examples(task: str, params: dict, n: int):
+    from credo.data.tasks import build_splits, get_task
+
+    train, _ = build_splits(get_task(task, **params), train_size=n, eval_size=8, seed=0)
+    return train
+
+
+def prepare(args, workdir: Path) -> Path:
+    """The shared initial weights: the demo's tiny model, or the prepared SmolLM2 directory."""
+    if args.model == "smollm2":
+        from credo.models.smollm2 import prepare_smollm2
+
+        return prepare_smollm2()
+    from credo.config import load_config
+    from credo.models import build_model, save_model
+
+    cfg = load_config(None, [])
+    model, tok = build_model(cfg.model, seed=0)
+    save_model(model, tok, workdir / "init")
+    return workdir / "init"
+
+
+def run_trl(args, model_dir: str, out: Path) -> list[float]:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from credo.models import load_model
+
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(model_dir)
+    tok.padding_side = "left"
+    task, params = TASKS[args.model]
+    rows = _examples(task, params, args.prompts * (args.steps + 1))
+    data = Dataset.from_list([{"prompt": ex.prompt, "answer": ex.answer} for ex in rows])
+
+    def exact_match(completions, answer, **_):
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    times: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t0)
+
+    config = GRPOConfig(
+        output_dir=str(out), use_cpu=True, bf16=False, use_vllm=False, gradient_checkpointing=False,
+        per_device_train_batch_size=args.prompts * args.group, gradient_accumulation_steps=1, steps_per_generation=1,
+        num_generations=args.group, max_completion_length=args.max_new_tokens, num_iterations=1, beta=0.0,
+        temperature=1.0, top_p=1.0, learning_rate=1e-5, loss_type="dapo", max_steps=args.steps, logging_steps=1,
+        save_strategy="no", report_to="none", seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        shuffle_dataset=False)
+    trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=config, train_dataset=data,
+                          processing_class=tok, callbacks=[StepTimer()])
+    trainer.train()
+    return times
+
+
+def run_credo(args, model_dir: str, out: Path) -> list[float]:
+    from credo.config import load_config
+    from credo.recipes.rlvr import train
+    from credo.train.metrics import read_metrics
+
+    task, params = TASKS[args.model]
+    overrides = [
+        f"model.path={model_dir}", "warm_start.enabled=false", f"task.name={task}",
+        f"task.params={json.dumps(params)}", f"train.steps={args.steps}", f"train.prompts_per_step={args.prompts}",
+        f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
+        "algo.kl_coef=0", "train.ppo_epochs=1", "train.lr=1e-5", "reward.name=exact_match", "eval.every=0",
+        "eval.size=1", "eval.k=1", "task.eval_size=16", "task.train_size=64", "checkpoint.every=0", "checkpoint.save_final=false", "log.report=false",
+        "log.tensorboard=false", "log.progress=false", f"train.threads={args.threads}", *args.credo,
+    ]
+    run = train(load_config(None, overrides), run_dir=out / "credo")
+    return [r["timing_s/step"] for r in read_metrics(run / "metrics.jsonl") if "timing_s/step" in r]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=tuple(TASKS), default="tiny")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (P)")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt (G)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: 12 (tiny), 24 (smollm2)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", choices=("trl", "credo"), help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--credo", nargs="*", default=[], help="extra credo overrides, e.g. train.pack=true")
+    args = ap.parse_args()
+    args.max_new_tokens = args.max_new_tokens or (12 if args.model == "tiny" else 24)
+    if args.only:
+        fn = run_trl if args.only == "trl" else run_credo
+        print("TIMES " + json.dumps(fn(args, args.model_dir, Path(args.out))))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = prepare(args, Path(tmp))
+        medians = {}
+        for name in ("trl", "credo"):
+            cmd = [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--prompts",
+                   str(args.prompts), "--group", str(args.group), "--max-new-tokens", str(args.max_new_tokens),
+                   "--threads", str(args.threads), "--only", name, "--model-dir", str(model_dir), "--out",
+                   str(Path(tmp) / name)] + (["--credo", *args.credo] if args.credo else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("TIMES ")), None)
+            if proc.returncode or line is None:
+                sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+            times = json.loads(line[6:])[args.warmup:]
+            medians[name] = statistics.median(times)
+            print(f"{name:<6} median step {medians[name]:.3f} s over {len(times)} steps "
+                  f"(all: {', '.join(f'{t:.2f}' for t in times)})")
+    print(f"model {args.model}; {args.prompts} prompts x {args.group} samples, <= {args.max_new_tokens} new tokens, "
+          f"{args.threads} threads")
+    print(f"credo / TRL step time: {medians['credo'] / medians['trl']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
