@@ -1,6 +1,6 @@
-"""The agent demo, as docs/agents.md measures it: `credo train --config agent_maze` on CPU improves held-out
-success (slow tier). The measured curve and time are in docs/agents.md: greedy 60% -> 68%, avg@4 47.2% ->
-61.8% in 9 min 19 s on 2 cores. The issue's target of +15 greedy points is NOT met (see docs/agents.md)."""
+"""The agent demo, as docs/agents.md measures it: `credo train --config agent_maze` on CPU raises held-out
+success by at least 15 points (slow tier). Measured in docs/agents.md: greedy 67% -> 89%, avg@4 49.75% ->
+78.5% in 6 min 54 s on 2 cores."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ def test_agent_demo_improves_held_out_success(tmp_path: Path):
                           timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["greedy_acc_gain_points"] >= 5, summary
-    assert summary["final/eval/avg@4"] - summary["start/eval/avg@4"] >= 0.10, summary
+    assert summary["greedy_acc_gain_points"] >= 15, summary
+    assert summary["final/eval/avg@4"] - summary["start/eval/avg@4"] >= 0.15, summary
     assert summary["final/eval/env_failures"] == 0
     assert (run / "plots" / "agent.png").is_file() and (run / "report.html").is_file()
