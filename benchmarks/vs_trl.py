@@ -8,7 +8,8 @@ iteration (generation, reward, log-probs, update), timed by TRL's step callbacks
 The first `--warmup` steps are left out of the medians. TRL is an optional extra: pip install -e '.[bench]'.
 
     python benchmarks/vs_trl.py                     # the demo's tiny model on string reversal
-    python benchmarks/vs_trl.py --model smollm2     # SmolLM2-135M-Instruct on 1-digit addition (credo model prepare smollm2)
+    python benchmarks/vs_trl.py --model smollm2     # SmolLM2-135M-Instruct on 2-digit addition (credo model prepare smollm2)
+    python benchmarks/vs_trl.py --model smollm2 --chat --max-new-tokens 48 --credo train.pack=true
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-TASKS = {"tiny": ("reversal", {}), "smollm2": ("addition", {"digits": 1})}
+TASKS = {"tiny": ("reversal", {}), "smollm2": ("addition", {"digits": 2})}
+CHAT_TEMPLATE = "What is {prompt}? Reply with the number only."  # --chat: SmolLM2 asked as an instruct model
 
 
 def _examples(task: str, params: dict, n: int):
@@ -59,9 +61,18 @@ def run_trl(args, model_dir: str, out: Path) -> list[float]:
     tok.padding_side = "left"
     task, params = TASKS[args.model]
     rows = _examples(task, params, args.prompts * (args.steps + 1))
-    data = Dataset.from_list([{"prompt": ex.prompt, "answer": ex.answer} for ex in rows])
+    if args.chat:  # conversational prompts: TRL applies the tokenizer's chat template, as credo does
+        data = Dataset.from_list([{"prompt": [{"role": "user", "content": CHAT_TEMPLATE.format(prompt=ex.prompt)}],
+                                   "answer": ex.answer} for ex in rows])
+    else:
+        data = Dataset.from_list([{"prompt": ex.prompt, "answer": ex.answer} for ex in rows])
 
     def exact_match(completions, answer, **_):
+        from credo.rewards.verifiers import number
+        from credo.types import Example
+
+        if args.chat:  # same verifier as credo's: the last number of the reply
+            return [number(c[0]["content"], Example("", a, "")).score for c, a in zip(completions, answer)]
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
     times: list[float] = []
@@ -100,6 +111,8 @@ def run_credo(args, model_dir: str, out: Path) -> list[float]:
         "eval.size=1", "eval.k=1", "task.eval_size=16", "task.train_size=64", "checkpoint.every=0", "checkpoint.save_final=false", "log.report=false",
         "log.tensorboard=false", "log.progress=false", f"train.threads={args.threads}", *args.credo,
     ]
+    if args.chat:
+        overrides += ["task.chat_template=true", f"task.prompt_template={CHAT_TEMPLATE}", "reward.name=number"]
     run = train(load_config(None, overrides), run_dir=out / "credo")
     return [r["timing_s/step"] for r in read_metrics(run / "metrics.jsonl") if "timing_s/step" in r]
 
@@ -113,6 +126,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8, help="samples per prompt (G)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: 12 (tiny), 24 (smollm2)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chat", action="store_true", help="instruct-style prompts through the chat template, "
+                    "`number` reward (short answers, a few long ones: ragged batches)")
     ap.add_argument("--only", choices=("trl", "credo"), help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -129,7 +144,7 @@ def main() -> None:
         for name in ("trl", "credo"):
             cmd = [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--prompts",
                    str(args.prompts), "--group", str(args.group), "--max-new-tokens", str(args.max_new_tokens),
-                   "--threads", str(args.threads), "--only", name, "--model-dir", str(model_dir), "--out",
+                   "--threads", str(args.threads), *(["--chat"] if args.chat else []), "--only", name, "--model-dir", str(model_dir), "--out",
                    str(Path(tmp) / name)] + (["--credo", *args.credo] if args.credo else [])
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("TIMES ")), None)
@@ -140,7 +155,7 @@ def main() -> None:
             print(f"{name:<6} median step {medians[name]:.3f} s over {len(times)} steps "
                   f"(all: {', '.join(f'{t:.2f}' for t in times)})")
     print(f"model {args.model}; {args.prompts} prompts x {args.group} samples, <= {args.max_new_tokens} new tokens, "
-          f"{args.threads} threads")
+          f"{args.threads} threads{', chat prompts' if args.chat else ''}")
     print(f"credo / TRL step time: {medians['credo'] / medians['trl']:.2f}x")
 
 

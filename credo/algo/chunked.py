@@ -65,7 +65,8 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=dtype, device=weight.device) if need_b and bias is not None else None
+        grad_b = (torch.zeros(weight.shape[0], dtype=dtype, device=weight.device)
+                  if need_b and bias is not None else None)
         for s in range(0, hidden.shape[0], size):
             h = hidden[s : s + size]
             logp = _chunk_logits(h, weight, bias, tau) - lse[s : s + size, None]  # (n_c, V)

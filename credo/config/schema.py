@@ -161,7 +161,8 @@ class TrainConfig:
                                 "old_logprobs = the update's own log-probs, detached: ratio 1, as TRL with "
                                 "num_iterations=1)", choices=("auto", "always"))
     pack: bool = opt(False, "padding-free forward: pack sequences into dense rows (position-id restarts)")
-    pack_row_tokens: int = opt(2048, "tokens per packed row (a longer sequence gets a row of its own)", min=1)
+    pack_row_tokens: int | None = opt(None, "tokens per packed row; null = the longest sequence of the micro-batch "
+                                      "(on the CPU attention costs row_tokens^2 per row, so longer rows lose)", min=1)
     logprob_chunk_size: int | None = opt(None, "tokens per chunk of the log-prob / entropy computation from hidden "
                                          "states (memory O(chunk * vocab)); null = 2^26 / vocab; 0 = materialise "
                                          "the full (B, T, V) logits", min=0)

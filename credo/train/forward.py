@@ -24,11 +24,12 @@ class ForwardOptions:
     """How the policy forward turns hidden states into per-token statistics.
 
     chunk_size: rows of the (N, V) logits computed at a time (None = about 2^26 logits per chunk; 0 = the whole
-    (B, T, V) logits at once, the naive path); pack: pack sequences into dense rows (no padding) of at most ``row_tokens`` tokens."""
+    (B, T, V) logits at once, the naive path); pack: pack sequences into dense rows (no padding) of at most
+    ``row_tokens`` tokens."""
 
     chunk_size: int | None = None
     pack: bool = False
-    row_tokens: int = 2048
+    row_tokens: int | None = None  # None = the longest sequence of the micro-batch
 
     @classmethod
     def of(cls, cfg) -> "ForwardOptions":
@@ -63,7 +64,7 @@ def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOpti
     (hidden (N, H), labels (N,), valid (B, T) bool)."""
     device = next(model.parameters()).device
     if opts.pack:
-        packed = pack(batch, opts.row_tokens)
+        packed = pack(batch, opts.row_tokens or 0)
         out = model.base_model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                                attention_mask=None, use_cache=False).last_hidden_state  # (R, S, H)
         hidden = out.reshape(-1, out.shape[-1])[packed.response_index.to(device)]  # (N, H)

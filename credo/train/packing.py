@@ -61,7 +61,8 @@ def token_budget_groups(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def pack(batch: TrainBatch, row_tokens: int, pad_id: int = 0) -> Packed:
-    """Pack the batch's real tokens into rows of at most ``max(row_tokens, longest sequence)`` tokens."""
+    """Pack the batch's real tokens into rows of at most ``max(row_tokens, longest sequence)`` tokens
+    (``row_tokens=0``: rows as long as the longest sequence, so no row costs more attention than padding would)."""
     attn = batch.attention_mask.bool()  # (B, L)
     lengths = attn.sum(-1).tolist()
     bins = first_fit(lengths, max(row_tokens, max(lengths)))
