@@ -67,7 +67,7 @@ def run_trl(args, model_dir: str, out: Path) -> list[float]:
     else:
         data = Dataset.from_list([{"prompt": ex.prompt, "answer": ex.answer} for ex in rows])
 
-    def exact_match(completions, answer, **_):
+    def reward(completions, answer, **_):
         from credo.rewards.verifiers import number
         from credo.types import Example
 
@@ -91,7 +91,7 @@ def run_trl(args, model_dir: str, out: Path) -> list[float]:
         temperature=1.0, top_p=1.0, learning_rate=1e-5, loss_type="dapo", max_steps=args.steps, logging_steps=1,
         save_strategy="no", report_to="none", seed=0, disable_tqdm=True, dataloader_num_workers=0,
         shuffle_dataset=False)
-    trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=config, train_dataset=data,
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[StepTimer()])
     trainer.train()
     return times

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from credo.algo.logprobs import entropy_direction_from_logits, entropy_from_logits, logprobs_from_logits
+from credo.algo.logprobs import check_token_stats, logprobs_from_logits, token_stats_from_logits
 
 CHUNK_ELEMENTS = 2**26  # default chunk: this many logits (256 MB in float32), i.e. 441 rows at V = 151,936
 
@@ -124,16 +124,13 @@ def chunked_token_stats(
     """No-grad log-probs plus per-position statistics of the full distribution, chunk by chunk:
     ``entropy`` and ``entropy_direction`` (PAPO's S_k - C, see :func:`entropy_direction_from_logits`)."""
     chunk_size = auto_chunk_size(weight.shape[0]) if chunk_size is None else chunk_size
-    fns = {"entropy": lambda z, y: entropy_from_logits(z), "entropy_direction": entropy_direction_from_logits}
-    unknown = set(stats) - set(fns)
-    if unknown:
-        raise ValueError(f"unknown token statistics {sorted(unknown)}; available: {tuple(fns)}")
+    check_token_stats(stats)
     lps, out = [], {name: [] for name in stats}
     for s in range(0, hidden.shape[0], chunk_size):
         z = _chunk_logits(hidden[s : s + chunk_size], weight, bias, temperature)  # (n_c, V)
         y = labels[s : s + chunk_size]
         lps.append(logprobs_from_logits(z, y))
-        for name in stats:
-            out[name].append(fns[name](z, y))
+        for name, value in token_stats_from_logits(z, y, stats).items():
+            out[name].append(value)
     empty = hidden.new_zeros(0, dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32)
     return (torch.cat(lps) if lps else empty), {k: (torch.cat(v) if v else empty) for k, v in out.items()}

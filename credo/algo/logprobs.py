@@ -43,3 +43,24 @@ def entropy_direction_from_logits(logits: torch.Tensor, labels: torch.Tensor) ->
     s_k = logp_k.exp() * (logp_k + entropy)
     c = (p.square() * (logp + entropy.unsqueeze(-1))).sum(-1)
     return s_k - c
+
+
+# Per-position statistics of the full next-token distribution that a no-grad pass can return:
+# name -> fn(logits (N, V) or (B, T, V), labels) -> (N,) or (B, T).
+TOKEN_STATS = {
+    "entropy": lambda logits, labels: entropy_from_logits(logits),
+    "entropy_direction": entropy_direction_from_logits,
+}
+
+
+def check_token_stats(stats: tuple[str, ...]) -> None:
+    unknown = set(stats) - set(TOKEN_STATS)
+    if unknown:
+        raise ValueError(f"unknown token statistics {sorted(unknown)}; available: {tuple(TOKEN_STATS)}")
+
+
+def token_stats_from_logits(logits: torch.Tensor, labels: torch.Tensor,
+                            stats: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The requested ``TOKEN_STATS`` of ``softmax(logits)``; an unknown name is a ValueError."""
+    check_token_stats(stats)
+    return {name: TOKEN_STATS[name](logits, labels) for name in stats}

@@ -283,7 +283,7 @@ def greedy_baselines(cfg: RunConfig, parts: Parts, trajs, timer: Timer) -> torch
 def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], batch_size: int) -> bool:
     """Whether the old-log-prob pass can be skipped: one optimizer step on the whole batch (so the policy has not
     moved when the loss is computed), no reference KL on old log-probs, no estimator or token selection that reads
-    the pass's statistics, and no critic warm-up step that would skip the update."""
+    the pass's statistics, and no critic (whose warm-up steps skip the policy update)."""
     t, a = cfg.train, cfg.algo
     return (t.old_logprob_pass == "auto" and t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
             and parts.ref_model is None and not {"entropy_direction", "entropy_history"} & set(adv_needs)

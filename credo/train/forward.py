@@ -5,13 +5,12 @@ from dataclasses import dataclass
 
 import torch
 
-from credo.algo import entropy_direction_from_logits, entropy_from_logits, logprobs_from_logits
+from credo.algo import entropy_from_logits, logprobs_from_logits
+from credo.algo.logprobs import check_token_stats, token_stats_from_logits
 from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
 from credo.train.packing import pack, token_budget_groups, valid_responses
 from credo.types import TrainBatch
 
-# Per-token statistics of the full next-token distribution that the no-grad pass can return.
-TOKEN_STATS = ("entropy", "entropy_direction")
 
 
 def _inputs(batch: TrainBatch, device: torch.device) -> dict[str, torch.Tensor]:
@@ -115,9 +114,7 @@ def batched_logprobs(
     stats: tuple[str, ...] = (), opts: ForwardOptions = ForwardOptions(), micro_batch_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """No-grad log-probs of the whole batch plus the requested ``TOKEN_STATS``, in micro-batches, on the CPU."""
-    unknown = set(stats) - set(TOKEN_STATS)
-    if unknown:
-        raise ValueError(f"unknown token statistics {sorted(unknown)}; available: {TOKEN_STATS}")
+    check_token_stats(stats)
     was_training = model.training
     model.eval()
     lps: list[torch.Tensor] = []
@@ -166,9 +163,8 @@ def _micro_stats(model, mb: TrainBatch, temperature: float, stats: tuple[str, ..
         logits = response_logits(model, mb, temperature)
         labels = mb.responses.to(logits.device)
         valid = valid_responses(mb).to(logits.device)
-        fns = {"entropy": lambda: entropy_from_logits(logits),
-               "entropy_direction": lambda: entropy_direction_from_logits(logits, labels)}
-        return logprobs_from_logits(logits, labels) * valid, {name: fns[name]() * valid for name in stats}
+        st = token_stats_from_logits(logits, labels, stats)
+        return logprobs_from_logits(logits, labels) * valid, {name: v * valid for name, v in st.items()}
     head = _lm_head(model)
     hidden, labels, valid = response_hidden(model, mb, opts)
     lp, st = chunked_token_stats(hidden, head.weight, labels, stats, bias=head.bias, temperature=temperature or 1.0,
