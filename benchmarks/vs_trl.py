@@ -1,15 +1,20 @@
 """Median GRPO step time: credo vs TRL's GRPOTrainer, same model, prompts, group size, lengths, one update per step.
 
-Both run on the CPU from the same initial weights (a Hugging Face directory written first), the same prompts, the
-same exact-match reward, group size G, P prompts per step, at most T new tokens at temperature 1, no KL term, and
-one optimizer step per rollout batch (TRL: num_iterations=1, steps_per_generation=1; credo: ppo_epochs=1, one
+Both run on the CPU from the same initial weights (a Hugging Face directory written first), the same prompt pool,
+the same reward, group size G, P prompts per step, at most T new tokens at temperature 1, no KL term, and one
+optimizer step per rollout batch (TRL: num_iterations=1, steps_per_generation=1; credo: ppo_epochs=1, one
 mini-batch). Each framework runs in its own subprocess with the same torch thread count; a step is the whole
 iteration (generation, reward, log-probs, update), timed by TRL's step callbacks and by credo's `timing_s/step`.
 The first `--warmup` steps are left out of the medians. TRL is an optional extra: pip install -e '.[bench]'.
 
+The initial policies solve some prompts and not others, as an RL run starts: the demo's model after its SFT warm
+start, SmolLM2 on one-digit addition. Each framework's mean reward is printed, and for credo the share of rows
+left out of the update because all their advantages are zero (exact for GRPO without KL: see
+docs/performance.md); `--ablation` also runs credo with each of its step-time features turned off in turn.
+
     python benchmarks/vs_trl.py                     # the demo's tiny model on string reversal
-    python benchmarks/vs_trl.py --model smollm2     # SmolLM2-135M-Instruct on 2-digit addition (credo model prepare smollm2)
-    python benchmarks/vs_trl.py --model smollm2 --chat --max-new-tokens 48 --credo train.pack=true
+    python benchmarks/vs_trl.py --model smollm2 --chat --max-new-tokens 48 --prompts 4 --steps 5 --warmup 1
+        # SmolLM2-135M-Instruct asked one-digit sums through its chat template (credo model prepare smollm2)
 """
 from __future__ import annotations
 
@@ -22,7 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-TASKS = {"tiny": ("reversal", {}), "smollm2": ("addition", {"digits": 2})}
+TASKS = {"tiny": ("reversal", {}), "smollm2": ("addition", {"digits": 1})}
+# credo's step-time features that TRL lacks, each with the override that turns it off (--ablation)
+ABLATIONS = {"skip_zero_advantage": "train.skip_zero_advantage=false", "share_prompt": "train.share_prompt=false",
+             "lean_decode": "rollout.lean_decode=false"}
 CHAT_TEMPLATE = "What is {prompt}? Reply with the number only."  # --chat: SmolLM2 asked as an instruct model
 
 
@@ -34,21 +42,32 @@ def _examples(task: str, params: dict, n: int):
 
 
 def prepare(args, workdir: Path) -> Path:
-    """The shared initial weights: the demo's tiny model, or the prepared SmolLM2 directory."""
+    """The shared initial weights: the demo's tiny model after the demo's SFT warm start (a policy that solves
+    some prompts, as RL starts from: a freshly initialised model scores 0 everywhere and every advantage is 0),
+    or the prepared SmolLM2 directory."""
     if args.model == "smollm2":
         from credo.models.smollm2 import prepare_smollm2
 
         return prepare_smollm2()
-    from credo.config import load_config
-    from credo.models import build_model, save_model
+    import torch
 
+    from credo.config import load_config
+    from credo.data.source import load_task_data
+    from credo.models import build_model, save_model
+    from credo.train.sft import run_sft
+
+    torch.set_num_threads(args.threads)
     cfg = load_config(None, [])
     model, tok = build_model(cfg.model, seed=0)
+    data = load_task_data(cfg.task, seed=cfg.seed)
+    w = cfg.warm_start
+    run_sft(model, tok, data.train, data.demonstration, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
+            warmup_steps=w.warmup_steps, seed=cfg.seed)
     save_model(model, tok, workdir / "init")
     return workdir / "init"
 
 
-def run_trl(args, model_dir: str, out: Path) -> list[float]:
+def run_trl(args, model_dir: str, out: Path) -> dict[str, list[float]]:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -76,6 +95,7 @@ def run_trl(args, model_dir: str, out: Path) -> list[float]:
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
     times: list[float] = []
+    rewards: list[float] = []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -83,6 +103,10 @@ def run_trl(args, model_dir: str, out: Path) -> list[float]:
 
         def on_step_end(self, *a, **k):
             times.append(time.perf_counter() - self.t0)
+
+        def on_log(self, *a, logs=None, **k):
+            if logs and "reward" in logs:
+                rewards.append(float(logs["reward"]))
 
     config = GRPOConfig(
         output_dir=str(out), use_cpu=True, bf16=False, use_vllm=False, gradient_checkpointing=False,
@@ -94,10 +118,10 @@ def run_trl(args, model_dir: str, out: Path) -> list[float]:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[StepTimer()])
     trainer.train()
-    return times
+    return {"times": times, "reward": rewards}
 
 
-def run_credo(args, model_dir: str, out: Path) -> list[float]:
+def run_credo(args, model_dir: str, out: Path) -> dict[str, list[float]]:
     from credo.config import load_config
     from credo.recipes.rlvr import train
     from credo.train.metrics import read_metrics
@@ -108,13 +132,16 @@ def run_credo(args, model_dir: str, out: Path) -> list[float]:
         f"task.params={json.dumps(params)}", f"train.steps={args.steps}", f"train.prompts_per_step={args.prompts}",
         f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
         "algo.kl_coef=0", "train.ppo_epochs=1", "train.lr=1e-5", "reward.name=exact_match", "eval.every=0",
-        "eval.size=1", "eval.k=1", "task.eval_size=16", "task.train_size=64", "checkpoint.every=0", "checkpoint.save_final=false", "log.report=false",
+        "eval.size=1", "eval.k=1", "task.eval_size=8", f"task.train_size={args.prompts * (args.steps + 1)}",
+        "task.seed=0", "checkpoint.every=0", "checkpoint.save_final=false", "log.report=false",
         "log.tensorboard=false", "log.progress=false", f"train.threads={args.threads}", *args.credo,
     ]
     if args.chat:
         overrides += ["task.chat_template=true", f"task.prompt_template={CHAT_TEMPLATE}", "reward.name=number"]
     run = train(load_config(None, overrides), run_dir=out / "credo")
-    return [r["timing_s/step"] for r in read_metrics(run / "metrics.jsonl") if "timing_s/step" in r]
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "timing_s/step" in r]
+    return {"times": [r["timing_s/step"] for r in rows], "reward": [r["reward/mean"] for r in rows],
+            "skipped": [r.get("actor/skipped_rows_frac", 0.0) for r in rows]}
 
 
 def main() -> None:
@@ -132,31 +159,42 @@ def main() -> None:
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--credo", nargs="*", default=[], help="extra credo overrides, e.g. train.pack=true")
+    ap.add_argument("--ablation", action="store_true", help="also run credo with each of its step-time features "
+                    "turned off in turn (" + ", ".join(ABLATIONS) + ")")
     args = ap.parse_args()
     args.max_new_tokens = args.max_new_tokens or (12 if args.model == "tiny" else 24)
     if args.only:
         fn = run_trl if args.only == "trl" else run_credo
         print("TIMES " + json.dumps(fn(args, args.model_dir, Path(args.out))))
         return
+    runs = [("trl", "trl", []), ("credo", "credo", args.credo)]
+    if args.ablation:
+        runs += [(f"credo, {name} off", "credo", [*args.credo, override]) for name, override in ABLATIONS.items()]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = prepare(args, Path(tmp))
         medians = {}
-        for name in ("trl", "credo"):
+        for label, name, overrides in runs:
             cmd = [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--prompts",
                    str(args.prompts), "--group", str(args.group), "--max-new-tokens", str(args.max_new_tokens),
-                   "--threads", str(args.threads), *(["--chat"] if args.chat else []), "--only", name, "--model-dir", str(model_dir), "--out",
-                   str(Path(tmp) / name)] + (["--credo", *args.credo] if args.credo else [])
+                   "--threads", str(args.threads), *(["--chat"] if args.chat else []), "--only", name, "--model-dir",
+                   str(model_dir), "--out", str(Path(tmp) / f"run{len(medians)}")] + (["--credo", *overrides] if overrides else [])
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("TIMES ")), None)
             if proc.returncode or line is None:
-                sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
-            times = json.loads(line[6:])[args.warmup:]
-            medians[name] = statistics.median(times)
-            print(f"{name:<6} median step {medians[name]:.3f} s over {len(times)} steps "
-                  f"(all: {', '.join(f'{t:.2f}' for t in times)})")
+                sys.exit(f"{label} failed:\n{proc.stderr[-3000:]}")
+            result = json.loads(line[6:])
+            times = result["times"][args.warmup:]
+            medians[label] = statistics.median(times)
+            extra = f"; mean reward {statistics.mean(result['reward']):.3f}" if result["reward"] else ""
+            if "skipped" in result:
+                extra += f"; rows left out of the update (all-zero advantages) {statistics.mean(result['skipped']):.0%}"
+            print(f"{label:<6} median step {medians[label]:.3f} s over {len(times)} steps "
+                  f"(all: {', '.join(f'{t:.2f}' for t in times)}){extra}", flush=True)
     print(f"model {args.model}; {args.prompts} prompts x {args.group} samples, <= {args.max_new_tokens} new tokens, "
           f"{args.threads} threads{', chat prompts' if args.chat else ''}")
-    print(f"credo / TRL step time: {medians['credo'] / medians['trl']:.2f}x")
+    for label in medians:
+        if label != "trl":
+            print(f"{label} / TRL step time: {medians[label] / medians['trl']:.2f}x")
 
 
 if __name__ == "__main__":

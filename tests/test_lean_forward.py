@@ -12,7 +12,8 @@ from credo.algo.logprobs import entropy_direction_from_logits, entropy_from_logi
 from credo.config import ModelConfig
 from credo.models import build_model
 from credo.train.batch import collate
-from credo.train.forward import NAIVE, ForwardOptions, batched_logprobs, micro_batches, policy_logprobs, trim
+from credo.train.forward import (NAIVE, ForwardOptions, batched_logprobs, micro_batches, policy_logprobs,
+                                 shared_prompts, trim)
 from credo.train.packing import first_fit, pack, token_budget_groups
 from credo.types import Example, RewardResult, Trajectory
 
@@ -132,6 +133,71 @@ def test_model_logprobs_entropy_and_loss_gradients_equal_naive(opts):
         torch.testing.assert_close(grads1[name], grads0[name], rtol=0, atol=1e-9, msg=name)
 
 
+def _group_batch(tok, seed=1):
+    """Three groups sharing a prompt each (lengths 6, 2, 9: left padding differs between groups) and one lone
+    prompt; responses of lengths 1-11, one with a masked observation in the middle."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(4, len(tok), (n,), generator=g).tolist() for n in (6, 2, 9, 4)]
+    trajs = []
+    for i, (gid, r) in enumerate([(0, 5), (0, 1), (0, 11), (1, 3), (1, 7), (2, 2), (2, 9), (2, 4), (3, 6)]):
+        resp = torch.randint(4, len(tok), (r,), generator=g).tolist()
+        mask = [1] * r if i != 2 else [1] * 4 + [0] * 4 + [1] * 3
+        trajs.append(Trajectory(example=Example(str(gid), "", "0"), group_id=gid, prompt_ids=prompts[gid],
+                                response_ids=resp, rollout_logprobs=[0.0] * r, response_mask=mask,
+                                finish_reason="eos"))
+    return collate(trajs, [RewardResult(float(i % 2)) for i in range(len(trajs))], pad_id=tok.pad_token_id)
+
+
+@pytest.fixture
+def float64_norms(monkeypatch):
+    """Qwen2's RMSNorm computes in float32 whatever the input dtype, which leaves ~1e-8 relative rounding in a
+    float64 model's gradients (different summation orders then differ by that much); this computes it in the
+    input's dtype so that float64 comparisons are exact to ~1e-15."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
+
+
+@pytest.mark.parametrize("chunk_size", [0, 5])
+def test_shared_prompt_forward_equals_the_full_forward(chunk_size, float64_norms):
+    """Each distinct prompt run once, its keys / values gathered to the rows: log-probs, entropy and every
+    parameter gradient equal the full padded forward's (float64)."""
+    model, tok = _model64()
+    batch = _group_batch(tok)
+    first, inverse = shared_prompts(batch)
+    assert inverse.tolist() == [inverse[0]] * 3 + [inverse[3]] * 2 + [inverse[5]] * 3 + [inverse[8]]
+    assert len(first) == 4 and (inverse[first] == torch.arange(4)).all()  # first[u] is a row of prompt u
+    weights = torch.randn(batch.responses.shape, dtype=F64, generator=torch.Generator().manual_seed(5))
+
+    def run(o):
+        model.zero_grad()
+        lp, ent = policy_logprobs(model, batch, temperature=0.7, with_entropy=True, opts=o)
+        ((lp * weights + 0.1 * ent) * batch.response_mask).sum().backward()
+        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    lp0, ent0, grads0 = run(NAIVE)
+    lp1, ent1, grads1 = run(ForwardOptions(chunk_size=chunk_size or None, share_prompt=True))
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-10)
+    torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-10)
+    for name in grads0:
+        torch.testing.assert_close(grads1[name], grads0[name], rtol=0, atol=1e-12, msg=name)
+    # no-grad statistics through micro-batches of any size (a micro-batch may split a group)
+    want, want_st = batched_logprobs(model, batch, micro_batch_size=None, stats=("entropy",), opts=NAIVE)
+    got, st = batched_logprobs(model, batch, micro_batch_size=4, stats=("entropy",),
+                               opts=ForwardOptions(share_prompt=True))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    torch.testing.assert_close(st["entropy"], want_st["entropy"], rtol=0, atol=1e-10)
+
+
+def test_shared_prompts_is_none_without_repeats():
+    _, tok = _model64()
+    assert shared_prompts(_batch(tok)) is None
+
+
 def test_packing_puts_several_sequences_in_a_row_and_restarts_positions():
     _, tok = _model64()
     batch = _batch(tok)
@@ -204,3 +270,40 @@ def test_fused_old_logprobs_give_the_same_update_as_a_separate_pass():
         torch.testing.assert_close(p1, p0, rtol=0, atol=1e-12, msg=name)
     want = float((entropy * batch.response_mask).sum() / batch.response_mask.sum())
     assert abs(metrics1["actor/entropy"] - want) < 1e-9 and metrics1["rollout/logprob_abs_diff"] > 0
+
+
+@pytest.mark.parametrize("zero_rows", [[1, 4], [0, 1, 2, 3, 4, 5, 6, 7, 8]])
+def test_skipping_zero_advantage_rows_gives_the_same_update(zero_rows, float64_norms):
+    """Rows whose advantages are all zero leave the forward / backward; the normalisers still count them, so the
+    parameters land where the whole batch puts them. With no live row the optimizer still steps (weight decay,
+    Adam's step count), on zero gradients. With an entropy bonus nothing is skipped."""
+    import copy
+
+    from credo.config import load_config
+    from credo.train.optim import build_optimizer, build_scheduler
+    from credo.train.update import update_policy, zero_advantage_rows_inert
+
+    model, tok = _model64()
+    batch = _group_batch(tok)
+    batch.advantages = torch.randn(batch.responses.shape, dtype=F64,
+                                   generator=torch.Generator().manual_seed(6)) * batch.response_mask
+    batch.advantages[zero_rows] = 0.0
+    results = []
+    for skip in (False, True):
+        cfg = load_config(None, ["train.warmup_steps=0", "train.weight_decay=0.1", "train.micro_batch_size=4",
+                                 f"train.skip_zero_advantage={str(skip).lower()}"])
+        assert zero_advantage_rows_inert(cfg) == skip
+        m = copy.deepcopy(model)
+        opt = build_optimizer(m, lr=0.01, weight_decay=0.1)
+        metrics = update_policy(cfg, m, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
+        results.append((m, metrics))
+    (m0, metrics0), (m1, metrics1) = results
+    moved = False
+    for (name, p0), p1, p in zip(m0.named_parameters(), m1.parameters(), model.parameters()):
+        torch.testing.assert_close(p1, p0, rtol=0, atol=1e-12, msg=name)
+        moved |= not torch.equal(p1, p)
+    assert moved  # weight decay at least
+    assert metrics0["actor/skipped_rows_frac"] == 0.0
+    assert metrics1["actor/skipped_rows_frac"] == pytest.approx(len(zero_rows) / batch.batch_size)
+    assert not zero_advantage_rows_inert(load_config(None, ["algo.entropy_coef=0.01"]))
+    assert not zero_advantage_rows_inert(load_config(None, ["algo.policy_loss=kl_cov"]))

@@ -372,3 +372,49 @@ def test_aepo_preserves_high_entropy_clipped_gradients_and_upweights_their_advan
     _close(out.loss, (-1.2 - 1.2 - 1.1) / 3)
     _close(grad, T([[0.0, -1.2, -1.1]]) / 3)
     assert out.metrics["preserved_frac"] == pytest.approx(1 / 3)
+
+
+# ------------------------------------------------------------------ rows with zero advantage (update skipping)
+
+# (loss, hyperparameters) pairs: every loss with its defaults, plus the KL-free settings that make ASPO and
+# Archer inert. The trainer drops rows whose advantages are all zero only where policy_loss_inert says so.
+# Clip-Cov / KL-Cov select tokens by a covariance centred over the call and by a count of the call's tokens:
+# the settings below select enough tokens for the coupling to show on this small case.
+_COV = {"clip_cov": {"clip_cov_lb": -10.0, "clip_cov_ratio": 0.2}, "kl_cov": {"kl_cov_ratio": 0.2}}
+INERT_CASES = [(n, _COV.get(n, {})) for n in sorted(set(list_policy_losses()) - {"test_scaled_pg"})] + [
+    ("aspo", {"kl_coef": 0.0}), ("archer", {"low_entropy_kl_coef": 0.0})]
+
+
+@pytest.mark.parametrize("name,hp", INERT_CASES)
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_zero_advantage_rows_are_inert_exactly_where_declared(name, hp, agg):
+    """Declared inert: the zero-advantage rows get zero gradient, and the loss and gradients of the other rows
+    are the same with those rows left out (same normalisers). Declared not inert: one of the two fails, so the
+    declaration is not merely conservative."""
+    from credo.algo import policy_loss_inert
+
+    lp, old, adv, mask, ent, ref = _random_case(6, b=6, t=8)
+    adv = adv.clone()
+    adv[[1, 4]] = 0.0  # two rows of a group with equal rewards
+    keep = torch.tensor([0, 2, 3, 5])
+    norm = AggNorm.of(mask)
+
+    def run(rows):
+        kw = {"entropy": ent[rows], "ref_logprobs": ref[rows]} if name in NEEDS_ENTROPY else {}
+        torch.manual_seed(0)
+        out = compute_policy_loss(name, logprobs=lp[rows], old_logprobs=old[rows], advantages=adv[rows],
+                                  response_mask=mask[rows], agg=agg, norm=norm, **kw, **hp)
+        (g,) = torch.autograd.grad(out.loss, lp)
+        return out.loss.detach(), g
+
+    full_loss, g_full = run(torch.arange(6))
+    part_loss, g_part = run(keep)
+    same = bool(torch.allclose(part_loss, full_loss, rtol=1e-12, atol=1e-14)
+                and torch.allclose(g_part, g_full, rtol=1e-12, atol=1e-14))
+    zero_rows = bool((g_full[[1, 4]] == 0).all())
+    if policy_loss_inert(name, hp):
+        assert zero_rows and same
+    else:
+        assert not (zero_rows and same)
+    if name in ("aspo", "archer") and not hp:
+        assert not policy_loss_inert(name, hp)  # the default KL term reaches every row

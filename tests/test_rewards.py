@@ -237,6 +237,22 @@ def test_inline_runner_catches_exceptions():
         runner.score(["a"], [ex("a")])
 
 
+def test_auto_executor_runs_only_inline_safe_verifiers_in_process():
+    """exact_match / number are declared inline-safe: no worker process starts; anything else (math's parser,
+    a user's function) goes to the process pool, where a hang is still cut off."""
+    for name in ("exact_match", "number"):
+        with RewardRunner(name, executor="auto") as runner:
+            assert runner.executor == "inline"
+            (r,) = runner.score(["7"], [ex("7")])
+            assert r.correct and runner._workers == []
+    for name in ("math", "countdown", f"{FIXTURES}:by_response"):
+        with RewardRunner(name, executor="auto") as runner:
+            assert runner.executor == "process"
+    with RewardRunner(f"{FIXTURES}:by_response", executor="auto", timeout_s=0.5, workers=1) as runner:
+        results = runner.score(["hang", "a"], [ex("x"), ex("a")])
+    assert results[0].failed and "timeout" in results[0].error and results[1].correct
+
+
 def test_runner_argument_checks():
     with pytest.raises(ValueError):
         RewardRunner("exact_match", executor="thread")

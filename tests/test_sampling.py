@@ -79,8 +79,9 @@ def test_overlong_penalty_values_and_shaping():
 
 
 def test_rewards_are_computed_while_generation_is_still_running():
-    """The engine reports its first output done, then waits (up to 10 s) until the verifier has been called:
-    only a scorer that runs concurrently with generation lets it go on before the timeout."""
+    """The engine reports its first quarter of outputs done (the scorer's batch: 2 of 8), then waits (up to
+    10 s) until the verifier has been called: only a scorer that runs concurrently with generation lets it go
+    on before the timeout."""
     import threading
 
     scored_early = threading.Event()
@@ -97,16 +98,18 @@ def test_rewards_are_computed_while_generation_is_still_running():
     class StreamingEngine(StubEngine):
         def generate(self, prompts, n, sampling, on_done=None):
             out = super().generate(prompts, n, sampling)
+            self.first = [t.response_text for t in out[:2]]
             on_done(0, out[0])
+            on_done(1, out[1])
             self.overlapped = scored_early.wait(timeout=10)
-            for i, t in enumerate(out[1:], start=1):
+            for i, t in enumerate(out[2:], start=2):
                 on_done(i, t)
             return out
 
     engine, runner = StreamingEngine(SCRIPT), WaitingRunner()
     r = collect_rollouts(engine, runner, _sampler(), prompts_per_step=4, group_size=2, sampling=SamplingParams())
     assert engine.overlapped
-    assert runner.calls[0] == ["ok"] and sum(len(c) for c in runner.calls) == 8  # each output scored once
+    assert runner.calls[0] == engine.first and sum(len(c) for c in runner.calls) == 8  # each output scored once
     assert [x.score for x in r.results] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
 
 

@@ -38,7 +38,7 @@ __all__ = [
     "AGG_MODES", "KL_ESTIMATORS", "AggNorm", "TokenLoss", "agg_loss", "canonical_agg", "canonical_kl",
     "check_advantage_hparams", "check_policy_loss_hparams", "compute_advantages", "compute_policy_loss",
     "advantage_requirements", "entropy_direction_from_logits", "entropy_from_logits", "kl_penalty",
-    "policy_loss_requirements", "list_advantage_estimators", "list_policy_losses",
+    "policy_loss_inert", "policy_loss_requirements", "list_advantage_estimators", "list_policy_losses",
     "logprobs_from_logits", "masked_mean", "value_loss", "register_advantage", "register_policy_loss",
 ]
 
@@ -54,6 +54,12 @@ def list_advantage_estimators() -> list[str]:
 def policy_loss_requirements(name: str, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Optional inputs (``entropy``, ``ref_logprobs``) the loss needs with these hyperparameters."""
     return lookup(POLICY_LOSSES, "policy loss", name).requirements(hparams)
+
+
+def policy_loss_inert(name: str, hparams: dict[str, Any] | None = None) -> bool:
+    """Whether rows with all-zero advantages have zero loss and gradient under this loss and leave the other
+    rows' losses unchanged (declared at registration; checked for every loss by the tests)."""
+    return lookup(POLICY_LOSSES, "policy loss", name).inert_at_zero_advantage(hparams)
 
 
 def advantage_requirements(name: str, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ One signature per kind; the math takes tensors and keyword hyperparameters, neve
 
 Policy loss (per token, before aggregation)::
 
-    @register_policy_loss("name")
+    @register_policy_loss("name", zero_adv_inert=True)  # True: rows with A == 0 have no gradient (see Registered)
     def my_loss(*, logprobs, old_logprobs, advantages, response_mask, entropy=None, ref_logprobs=None,
                 my_hparam: float = 0.1) -> TokenLoss
 
@@ -52,12 +52,21 @@ class Registered:
     needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = ()  # optional inputs it requires
     doc: str = ""
     inputs: tuple[str, ...] = ()  # the fixed tensor arguments the function accepts
+    # True (or hparams -> bool): a row whose advantages are all zero gets zero loss and zero gradient, and no
+    # other row's loss depends on it, so the trainer may leave such rows out of the forward / backward
+    zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False
 
     def requirements(self, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
         """Optional inputs needed with these hyperparameters (defaults filled in)."""
         if callable(self.needs):
             return tuple(self.needs({**self.hparams, **(hparams or {})}))
         return tuple(self.needs)
+
+    def inert_at_zero_advantage(self, hparams: dict[str, Any] | None = None) -> bool:
+        """Whether rows with all-zero advantages can be dropped without changing the loss or any gradient."""
+        if callable(self.zero_adv_inert):
+            return bool(self.zero_adv_inert({**self.hparams, **(hparams or {})}))
+        return bool(self.zero_adv_inert)
 
 
 POLICY_LOSSES: dict[str, Registered] = {}
@@ -77,14 +86,15 @@ def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[st
 
 def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, ...]):
     def register(name: str, *, forced_agg: str | None = None,
-                 needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = ()):
+                 needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = (),
+                 zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False):
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             if name in table and table[name].fn is not fn:
                 raise ValueError(f"{kind} {name!r} is already registered to {table[name].fn.__qualname__}")
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
             accepted = tuple(p for p in inspect.signature(fn).parameters if p in tensor_args)
             table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg,
-                                     needs if callable(needs) else tuple(needs), doc, accepted)
+                                     needs if callable(needs) else tuple(needs), doc, accepted, zero_adv_inert)
             return fn
 
         return deco

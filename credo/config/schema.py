@@ -61,6 +61,8 @@ class RolloutConfig:
     top_k: int = opt(0, "top-k sampling (0 = off)", min=0)
     max_new_tokens: int = opt(12, "response length cap", min=1)
     max_batch_size: int = opt(256, "sequences per generation batch", min=1)
+    lean_decode: bool = opt(True, "Llama / Qwen2 models: decode through credo's lean loop on a preallocated KV "
+                            "cache (credo.rollout.lean) instead of transformers' generic forward")
 
 
 @dataclass
@@ -70,8 +72,9 @@ class RewardConfig:
     timeout_s: float = opt(5.0, "per-response verifier time limit (process executor)", min=0.01)
     failure_score: float = opt(0.0, "score of a response whose verifier raised or timed out")
     workers: int = opt(2, "verifier worker processes", min=1)
-    executor: str = opt("process", "process (isolated, hard timeouts) or inline (in-process)",
-                        choices=("process", "inline"))
+    executor: str = opt("auto", "process (isolated, hard timeouts), inline (in-process), or auto = inline for "
+                        "verifiers registered inline_safe (exact_match, number), process otherwise",
+                        choices=("auto", "process", "inline"))
     overlong_buffer: int = opt(0, "DAPO soft overlong penalty over the last N tokens before max_new_tokens (0 = off)",
                                min=0)
     overlong_penalty: float = opt(1.0, "penalty at max_new_tokens for overlong_buffer", min=0.0)
@@ -160,6 +163,12 @@ class TrainConfig:
                                 "each rollout batch gets exactly one optimizer step and nothing else reads it (then "
                                 "old_logprobs = the update's own log-probs, detached: ratio 1, as TRL with "
                                 "num_iterations=1)", choices=("auto", "always"))
+    skip_zero_advantage: bool = opt(True, "leave rows whose advantages are all zero out of the update's forward / "
+                                    "backward when nothing gives them a gradient (exact: the loss normalisers still "
+                                    "count them; the policy loss must declare it, and kl_coef (as a loss), "
+                                    "entropy_coef and sft_coef must be 0)")
+    share_prompt: bool = opt(True, "forward each distinct prompt once per micro-batch and run its G responses on "
+                             "its keys and values (exact; the padded path, not used when pack is on)")
     pack: bool = opt(False, "padding-free forward: pack sequences into dense rows (position-id restarts)")
     pack_row_tokens: int | None = opt(None, "tokens per packed row; null = the longest sequence of the micro-batch "
                                       "(on the CPU attention costs row_tokens^2 per row, so longer rows lose)", min=1)

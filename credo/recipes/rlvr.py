@@ -113,7 +113,8 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
         optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
         parts = Parts(
             model=model, tokenizer=tokenizer, runner=runner, data=data, logger=logger, optimizer=optimizer,
-            engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size),
+            engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
+                                   lean=cfg.rollout.lean_decode),
             sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
             stage_samplers=[PromptSampler(exs, seed=cfg.seed + i) for i, exs in enumerate(data.stage_train)],
         )
@@ -222,7 +223,7 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
             with timer("update"):
                 metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, batch, metrics), parts.optimizer,
                                              parts.scheduler, step=step))
-            if fused:
+            if fused and "actor/entropy" in metrics:  # absent when every row had zero advantage (skipped)
                 state.entropy_history.append(metrics["actor/entropy"])
     metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer))
     every = cfg.log.rollouts_every

@@ -34,7 +34,8 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
     model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
     with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger:
-        engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
+        engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
+                                 lean=cfg.rollout.lean_decode)
         before = run_eval(cfg, engine, runner, data, run_dir, step=0)
         logger.log(0, before)
         warm_start(cfg, model, tokenizer, data, logger)
@@ -63,7 +64,8 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
     model, tokenizer = load_model(model_dir, cfg.model)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
     with reward_runner(cfg, data) as runner:
-        engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size)
+        engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
+                                 lean=cfg.rollout.lean_decode)
         examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
         from credo.train.evaluate import evaluate
 

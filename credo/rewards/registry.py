@@ -33,8 +33,12 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
     return key(a) == key(b) and key(a) != (None, None)
 
 
-def register_reward(name: str, *, batch: bool = False) -> Callable[[VerifierFn], VerifierFn]:
+def register_reward(name: str, *, batch: bool = False, inline_safe: bool = False) -> Callable[[VerifierFn], VerifierFn]:
     """Decorator registering a verifier under ``name``; returns the function unchanged.
+
+    ``inline_safe=True`` declares a verifier that cannot hang or take long (a bounded string comparison, no
+    parser of arbitrary expressions, no third-party code): the runner's ``"auto"`` executor calls it in the
+    calling process instead of sending each item to a worker process.
 
     ``batch=True`` marks a verifier that scores a whole batch at once,
     ``fn(responses, examples, **kwargs) -> list[RewardResult]``, and enforces its own isolation and
@@ -56,6 +60,7 @@ def register_reward(name: str, *, batch: bool = False) -> Callable[[VerifierFn],
                 f"{existing.__module__}.{existing.__qualname__}"
             )
         fn.credo_batch = batch
+        fn.credo_inline_safe = inline_safe
         _REGISTRY[name] = fn
         return fn
 

@@ -13,6 +13,11 @@
     **cannot be interrupted** in this mode: there is no timeout enforcement, only the elapsed time
     recorded in ``info["time_s"]``. Meant for tests, debugging and trivially cheap verifiers.
 
+``"auto"``
+    ``"inline"`` for a verifier registered ``inline_safe`` (credo's bounded string checks such as
+    ``exact_match`` and ``number``), ``"process"`` for everything else. A round trip to a worker costs more
+    than such a check, and on a small machine the workers' wake-ups take cores from generation.
+
 A verifier exception yields ``RewardResult(score=failure_score, failed=True,
 error="ExcType: message")``; a timeout yields ``error="timeout after Xs"``; a dead worker yields
 ``error="worker died"``. Every result's ``info`` gets ``"time_s"``.
@@ -37,7 +42,7 @@ from typing import Any, Literal, Optional, Sequence
 from credo.rewards.registry import VerifierFn, get_reward_fn, to_result
 from credo.types import Example, RewardResult
 
-Executor = Literal["process", "inline"]
+Executor = Literal["process", "inline", "auto"]
 _ERROR_MAX_CHARS = 300
 
 
@@ -199,7 +204,7 @@ class RewardRunner:
         failure_score: score given to failed items.
         workers: number of worker processes (``"process"``); started lazily by the first
             :meth:`score`.
-        executor: ``"process"`` or ``"inline"`` (see the module docstring).
+        executor: ``"process"``, ``"inline"`` or ``"auto"`` (see the module docstring).
         startup_timeout_s: how long a worker may take to import and resolve the verifier.
 
     Not thread-safe: call :meth:`score` from one thread at a time.
@@ -216,8 +221,8 @@ class RewardRunner:
         executor: Executor = "process",
         startup_timeout_s: float = 60.0,
     ) -> None:
-        if executor not in ("process", "inline"):
-            raise ValueError(f"executor must be 'process' or 'inline', got {executor!r}")
+        if executor not in ("process", "inline", "auto"):
+            raise ValueError(f"executor must be 'process', 'inline' or 'auto', got {executor!r}")
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be >= 1 and timeout_s > 0")
         self._workers: list[_Worker] = []
@@ -229,6 +234,8 @@ class RewardRunner:
         self.timeout_s = float(timeout_s)
         self.failure_score = float(failure_score)
         self.num_workers = workers
+        if executor == "auto":
+            executor = "inline" if getattr(self.fn, "credo_inline_safe", False) else "process"
         self.executor = executor
         self.startup_timeout_s = startup_timeout_s
         self.stats = {"calls": 0, "failures": 0, "timeouts": 0, "exceptions": 0, "worker_restarts": 0}

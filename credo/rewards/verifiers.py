@@ -22,7 +22,7 @@ def _first_line(text: str) -> str:
     return text.strip().split("\n", 1)[0].strip()
 
 
-@register_reward("exact_match")
+@register_reward("exact_match", inline_safe=True)
 def exact_match(response: str, example: Example, **_: Any) -> RewardResult:
     """Score 1.0 iff the response's first line (whitespace-stripped) equals ``example.answer.strip()``.
 
@@ -52,7 +52,7 @@ class _Disallowed(ValueError):
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-@register_reward("number")
+@register_reward("number", inline_safe=True)
 def number(response: str, example: Example, **_: Any) -> RewardResult:
     """Score 1.0 iff the last number in the response equals ``example.answer`` numerically.
 

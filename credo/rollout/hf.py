@@ -16,12 +16,16 @@ from transformers import DynamicCache
 
 from credo.models.tokenizer import encode_prompt
 from credo.rollout.base import OnDone
+from credo.rollout.lean import lean_decoder
 from credo.types import Example, SamplingParams, Trajectory
 
 
 class HFRolloutEngine:
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, seed: int = 0, max_batch_size: int = 256):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, seed: int = 0, max_batch_size: int = 256,
+                 lean: bool = True):
         self.model = model
+        # Llama / Qwen2: decode steps through credo's lean loop on a preallocated cache (credo.rollout.lean)
+        self.lean = lean_decoder(model) if lean else None
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
@@ -97,6 +101,7 @@ class HFRolloutEngine:
         if steps == 0:
             return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
         cache, attn, logits, active = self._prefill(prefixes)
+        state = self.lean.start(cache, attn, steps) if self.lean is not None else None
         step_pos = (attn.sum(-1, keepdim=True) - 1)  # (A, 1) position of the last prefix token
         stop_t = torch.tensor(stops, device=self.device)
         done = torch.zeros(len(active), dtype=torch.bool, device=self.device)  # finished rows still in the batch
@@ -122,10 +127,16 @@ class HFRolloutEngine:
                 break
             if int(done.sum()) * 4 >= len(done):  # compact: drop the finished rows from the batch and the cache
                 keep = (~done).nonzero().flatten()
-                cache.reorder_cache(keep)
+                if state is not None:
+                    state.select(keep)
+                else:
+                    cache.reorder_cache(keep)
                 active, attn, step_pos, nxt, done = active[keep], attn[keep], step_pos[keep], nxt[keep], done[keep]
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
             step_pos = step_pos + 1
+            if state is not None:
+                logits = self.lean.step(state, nxt, step_pos)
+                continue
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
             out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=step_pos, cache=cache,
                              use_cache=True, logits_to_keep=1)
             cache, logits = out.cache, out.logits[:, -1, :]

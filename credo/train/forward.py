@@ -29,11 +29,13 @@ class ForwardOptions:
     chunk_size: int | None = None
     pack: bool = False
     row_tokens: int | None = None  # None = the longest sequence of the micro-batch
+    share_prompt: bool = False  # rows with the same prompt run it once (when pack is off)
 
     @classmethod
     def of(cls, cfg) -> "ForwardOptions":
         t = cfg.train
-        return cls(chunk_size=t.logprob_chunk_size, pack=t.pack, row_tokens=t.pack_row_tokens)
+        return cls(chunk_size=t.logprob_chunk_size, pack=t.pack, row_tokens=t.pack_row_tokens,
+                   share_prompt=t.share_prompt)
 
 
 NAIVE = ForwardOptions(chunk_size=0, pack=False)
@@ -68,10 +70,55 @@ def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOpti
                                attention_mask=None, use_cache=False).last_hidden_state  # (R, S, H)
         hidden = out.reshape(-1, out.shape[-1])[packed.response_index.to(device)]  # (N, H)
         return hidden, packed.labels.to(device), packed.valid.to(device)
-    out = model.base_model(**_inputs(batch, device), use_cache=False).last_hidden_state  # (B, P + T, H)
-    p, t = batch.prompt_len, batch.responses.shape[1]
     valid = valid_responses(batch).to(device)  # (B, T)
-    return out[:, p - 1 : p - 1 + t][valid], batch.responses.to(device)[valid], valid
+    shared = shared_prompts(batch) if opts.share_prompt else None
+    if shared is not None:
+        hidden = shared_prompt_hidden(model, batch, *shared)  # (B, T, H)
+    else:
+        p, t = batch.prompt_len, batch.responses.shape[1]
+        out = model.base_model(**_inputs(batch, device), use_cache=False).last_hidden_state  # (B, P + T, H)
+        hidden = out[:, p - 1 : p - 1 + t]  # (B, T, H)
+    return hidden[valid], batch.responses.to(device)[valid], valid
+
+
+def shared_prompts(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(first row of each distinct prompt (U,), each row's prompt index (B,)), or None when no two rows share one."""
+    p = batch.prompt_len
+    key = torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p], batch.position_ids[:, :p]], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if len(uniq) == batch.batch_size:
+        return None
+    first = torch.full((len(uniq),), batch.batch_size, dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, torch.arange(batch.batch_size), reduce="amin")
+    return first, inverse
+
+
+def shared_prompt_hidden(model: torch.nn.Module, batch: TrainBatch, first: torch.Tensor,
+                         inverse: torch.Tensor) -> torch.Tensor:
+    """Final hidden states predicting every response column, (B, T, H), with each distinct prompt run once.
+
+    The prompts' forward (U rows) keeps its keys and values; they are gathered to the B rows (a differentiable
+    index, so each prompt's gradient is the sum over the rows that share it) and the responses run on top of
+    them, as generation does. The hidden state at the last prompt column predicts response token 0; response
+    column t - 1 predicts token t. Equal to the full forward up to float rounding (tested in float64)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    p, t = batch.prompt_len, batch.responses.shape[1]
+    ids, attn, pos = (x.to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
+    rows = first.to(device)
+    cache = DynamicCache(config=model.config)
+    out = model.base_model(input_ids=ids[rows, :p], attention_mask=attn[rows, :p], position_ids=pos[rows, :p],
+                           cache=cache, use_cache=True)
+    index = inverse.to(device)
+    first_hidden = out.last_hidden_state[:, -1][index].unsqueeze(1)  # (B, 1, H): predicts response token 0
+    if t == 1:
+        return first_hidden
+    cache = out.cache
+    cache.reorder_cache(index)  # (U, ...) -> (B, ...) keys and values, differentiable
+    rest = model.base_model(input_ids=ids[:, p : p + t - 1], attention_mask=attn[:, : p + t - 1],
+                            position_ids=pos[:, p : p + t - 1], cache=cache, use_cache=True).last_hidden_state
+    return torch.cat([first_hidden, rest], dim=1)  # (B, T, H)
 
 
 def _scatter(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
     rounds = 0
     while True:
         rounds += 1
-        with StreamingScorer(runner) as scorer:
+        with StreamingScorer(runner, min_batch=max(1, prompts_per_step * group_size // 4)) as scorer:
             with timer("gen"):
                 trajs = engine.generate(sampler.next_batch(prompts_per_step), group_size, sampling,
                                         on_done=scorer.submit)
@@ -70,13 +70,18 @@ class StreamingScorer:
     """Scores trajectories in a background thread as the engine reports them done, so reward computation
     (verifier worker processes, sandboxes) overlaps the rest of the generation.
 
-    One thread calls ``runner.score`` (the runner is not thread-safe), each time on everything queued so far.
+    One thread calls ``runner.score`` (the runner is not thread-safe), each time on everything queued so far once
+    at least ``min_batch`` items wait (fewer, larger calls: on a small machine every call's inter-process traffic
+    and worker wake-ups take cores from the generation; demo model, exact_match in 2 worker processes, 2 cores:
+    generation 0.100 s per step with a call per finished row, 0.066 s with quarter-batch calls, 0.041 s with the
+    verifier inline, which ``reward.executor=auto`` now picks for it).
     :meth:`results` waits for the remaining items and returns the results in output order; an output that was
     never reported is scored there. An exception inside ``runner.score`` is re-raised by :meth:`results`.
     """
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, *, min_batch: int = 1) -> None:
         self.runner = runner
+        self.min_batch = max(1, min_batch)
         self._queue: queue.Queue = queue.Queue()
         self._done: dict[int, RewardResult] = {}
         self._error: BaseException | None = None
@@ -90,6 +95,8 @@ class StreamingScorer:
         stop = False
         while not stop:
             items = [self._queue.get()]
+            while items[-1] is not None and len(items) < self.min_batch:
+                items.append(self._queue.get())
             while True:
                 try:
                     items.append(self._queue.get_nowait())

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from credo.algo import AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_requirements, value_loss
+from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert, policy_loss_requirements,
+                        value_loss)
 from credo.config import RunConfig
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_values, trim
 from credo.train.optim import clip_and_step
@@ -18,7 +19,7 @@ from credo.types import TrainBatch
 
 
 def minibatches(cfg: RunConfig, batch: TrainBatch, *, step: int):
-    """Yield (mini-batch, its micro-batches) for every PPO epoch."""
+    """Yield every PPO epoch's mini-batches."""
     t = cfg.train
     size = batch.batch_size
     mini = min(t.mini_batch_size or size, size)
@@ -27,30 +28,65 @@ def minibatches(cfg: RunConfig, batch: TrainBatch, *, step: int):
         if mini < size:
             order = torch.randperm(size, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch))
         for rows in order.split(mini):
-            mb = batch.select(rows)
-            yield mb, [trim(m) for m in micro_batches(mb, size=t.micro_batch_size, tokens=t.micro_batch_tokens)]
+            yield batch.select(rows)
+
+
+def split_micro(cfg: RunConfig, mb: TrainBatch) -> list[TrainBatch]:
+    t = cfg.train
+    return [trim(m) for m in micro_batches(mb, size=t.micro_batch_size, tokens=t.micro_batch_tokens)]
+
+
+def zero_advantage_rows_inert(cfg: RunConfig) -> bool:
+    """Whether rows whose advantages are all zero may leave the update: the policy loss declares them inert
+    (zero loss and gradient, no coupling to other rows) and no other term (KL loss, entropy bonus, SFT on
+    correct responses) gives them a gradient."""
+    a = cfg.algo
+    return (cfg.train.skip_zero_advantage and policy_loss_inert(a.policy_loss, a.policy_loss_args)
+            and (a.kl_coef == 0 or a.kl_in_reward) and a.entropy_coef == 0 and a.sft_coef == 0)
+
+
+def live_rows(mb: TrainBatch) -> torch.Tensor:
+    """(B,) bool: rows with a nonzero advantage on some loss token."""
+    return ((mb.advantages != 0) & mb.response_mask.bool()).any(-1)
 
 
 def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:
-    """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
+    """PPO epochs over mini-batches (one optimizer step each) of micro-batches.
+
+    When :func:`zero_advantage_rows_inert`, rows with all-zero advantages are left out of the forward and
+    backward (the normalisers still count them, so the update is the one the whole mini-batch gives); with no
+    live row the optimizer still steps, on zero gradients, as it would have."""
     a = cfg.algo
     acc = MetricAccumulator()
     model.train()
     scale = loss_scale(cfg)
-    for mb, micros in minibatches(cfg, batch, step=step):
+    skip = zero_advantage_rows_inert(cfg)
+    for mb in minibatches(cfg, batch, step=step):
         norm = AggNorm.of(mb.response_mask, scale)
         correct = correct_mask(mb, a.sft_correct_score) if a.sft_coef > 0 else None
         sft_norm = AggNorm.of(correct, scale) if correct is not None else None
         lr = scheduler.get_last_lr()[0]
-        for micro in micros:
-            loss, per_update, weighted = actor_loss(cfg, model, micro, norm, sft_norm)
-            loss.backward()
-            acc.add_per_update(per_update)
-            acc.add_weighted(weighted, weight=float(micro.response_mask.sum()))
+        live = live_rows(mb) if skip else torch.ones(mb.batch_size, dtype=torch.bool)
+        if bool(live.any()):
+            for micro in split_micro(cfg, mb if bool(live.all()) else mb.select(live.nonzero().flatten())):
+                loss, per_update, weighted = actor_loss(cfg, model, micro, norm, sft_norm)
+                loss.backward()
+                acc.add_per_update(per_update)
+                acc.add_weighted(weighted, weight=float(micro.response_mask.sum()))
+        else:
+            zero_missing_grads(model)
         grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.grad_clip)
-        acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr})
+        acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr,
+                            "actor/skipped_rows_frac": 1.0 - float(live.float().mean())})
         acc.end_update()
     return acc.result()
+
+
+def zero_missing_grads(model) -> None:
+    """Zero gradients where there are none, so that the optimizer steps every parameter as after a backward."""
+    for p in model.parameters():
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
 
 
 def loss_scale(cfg: RunConfig) -> float:
@@ -105,9 +141,9 @@ def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, schedule
     c = cfg.critic
     acc = MetricAccumulator()
     critic.train()
-    for mb, micros in minibatches(cfg, batch, step=step):
+    for mb in minibatches(cfg, batch, step=step):
         norm = AggNorm.of(mb.response_mask, loss_scale(cfg))
-        for micro in micros:
+        for micro in split_micro(cfg, mb):
             values = response_values(critic, micro)
             out = value_loss(values, micro.values, micro.returns, micro.response_mask,
                              cliprange_value=c.cliprange_value, agg=cfg.algo.agg, norm=norm)

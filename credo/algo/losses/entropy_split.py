@@ -38,7 +38,7 @@ def _needs_ref(*coefs: str):
     return needs
 
 
-@register_policy_loss("aspo", needs=_needs_ref("kl_coef"))
+@register_policy_loss("aspo", needs=_needs_ref("kl_coef"), zero_adv_inert=lambda hp: hp["kl_coef"] == 0)
 def aspo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
@@ -103,7 +103,8 @@ def aspo_loss(
     return TokenLoss(loss=loss, token_metrics=metrics, metrics=metrics_scalar, aux_loss=aux)
 
 
-@register_policy_loss("archer", needs=_needs_ref("low_entropy_kl_coef", "high_entropy_kl_coef"))
+@register_policy_loss("archer", needs=_needs_ref("low_entropy_kl_coef", "high_entropy_kl_coef"),
+                      zero_adv_inert=lambda hp: hp["low_entropy_kl_coef"] == 0 and hp["high_entropy_kl_coef"] == 0)
 def archer_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
@@ -158,7 +159,7 @@ def archer_loss(
     return TokenLoss(loss=loss, token_metrics=metrics, metrics=scalars, aux_loss=aux)
 
 
-@register_policy_loss("aepo", needs=("entropy",))
+@register_policy_loss("aepo", needs=("entropy",), zero_adv_inert=True)
 def aepo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)

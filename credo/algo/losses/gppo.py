@@ -23,7 +23,7 @@ def _clip_metrics(advantages, ratio, pg1, pg2, loss_before_dual, clip_low, clip_
     }
 
 
-@register_policy_loss("gppo")
+@register_policy_loss("gppo", zero_adv_inert=True)
 def gppo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
@@ -60,7 +60,7 @@ def gppo_loss(
     return TokenLoss(loss=loss, token_metrics=metrics)
 
 
-@register_policy_loss("cegppo")
+@register_policy_loss("cegppo", zero_adv_inert=True)
 def cegppo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)

@@ -7,7 +7,7 @@ from credo.algo.losses.common import LOG_RATIO_CLAMP, log_ratio
 from credo.algo.registry import TokenLoss, register_policy_loss
 
 
-@register_policy_loss("ppo")
+@register_policy_loss("ppo", zero_adv_inert=True)
 def ppo_clip_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
@@ -53,7 +53,7 @@ def ppo_clip_loss(
     return TokenLoss(loss=loss, token_metrics=metrics)
 
 
-@register_policy_loss("gpg")
+@register_policy_loss("gpg", zero_adv_inert=True)
 def gpg_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)

@@ -11,7 +11,7 @@ def _seq_len(response_mask: torch.Tensor) -> torch.Tensor:
     return response_mask.sum(-1).clamp(min=1.0)  # (B,)
 
 
-@register_policy_loss("gspo", forced_agg="seq-mean-token-mean")
+@register_policy_loss("gspo", forced_agg="seq-mean-token-mean", zero_adv_inert=True)
 def gspo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
@@ -43,7 +43,7 @@ def gspo_loss(
     return TokenLoss(loss=loss, token_metrics=metrics)
 
 
-@register_policy_loss("gmpo", forced_agg="seq-mean-token-sum")
+@register_policy_loss("gmpo", forced_agg="seq-mean-token-sum", zero_adv_inert=True)
 def gmpo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
@@ -79,7 +79,7 @@ def gmpo_loss(
     return TokenLoss(loss=loss, token_metrics=metrics)
 
 
-@register_policy_loss("sapo", forced_agg="seq-mean-token-mean")
+@register_policy_loss("sapo", forced_agg="seq-mean-token-mean", zero_adv_inert=True)
 def sapo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
@@ -106,7 +106,7 @@ def sapo_loss(
     return TokenLoss(loss=-advantages * gate, token_metrics=metrics)
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", zero_adv_inert=True)
 def cispo_loss(
     *,
     logprobs: torch.Tensor,  # (B, T)
