@@ -23,6 +23,7 @@ from credo.algo import AggNorm
 from credo.config import load_config
 from credo.models.smollm2 import SMOLLM2_DIR, smollm2_architecture
 from credo.train.batch import collate
+from credo.train.optim import build_optimizer
 from credo.train.update import actor_loss
 from credo.types import Example, RewardResult, Trajectory
 
@@ -42,7 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", default=None, help=f"Hugging Face directory (default: {SMOLLM2_DIR} if present)")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--length", type=int, default=256, help="tokens per sequence (prompt 32 + response)")
+    ap.add_argument("--length", type=int, default=256, help="tokens per sequence (prompt 32 + response; every prompt distinct, so no prompt sharing)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--matmul-n", type=int, default=4096)
     args = ap.parse_args()
@@ -74,7 +75,7 @@ def main() -> None:
     batch.old_logprobs = torch.zeros_like(batch.rollout_logprobs) - 5.0
     batch.advantages = torch.randn(batch.responses.shape, generator=g) * batch.response_mask
     cfg = load_config(None, [])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    opt = build_optimizer(model, lr=1e-6)  # credo's (fused) AdamW
     norm = AggNorm.of(batch.response_mask)
     tokens = int(batch.attention_mask.sum())
 

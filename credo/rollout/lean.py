@@ -106,10 +106,11 @@ class LeanDecoder:
             k = k * cos + _rotate_half(k) * sin
             state.keys[i][:, :, col] = k[:, :, 0]
             state.values[i][:, :, col] = v[:, :, 0]
-            o = F.scaled_dot_product_attention(q, state.keys[i][:, :, : col + 1], state.values[i][:, :, : col + 1],
-                                               attn_mask=mask, scale=self.scaling,
-                                               enable_gqa=self.groups > 1)  # (B, heads, 1, head_dim)
-            x = x + a.o_proj(o.transpose(1, 2).reshape(b, 1, -1))
+            # the query heads of a key/value group attend as `groups` queries of that head (no repeated K / V)
+            qg = q.reshape(b, -1, self.groups, self.head_dim)  # (B, kv_heads, groups, head_dim)
+            o = F.scaled_dot_product_attention(qg, state.keys[i][:, :, : col + 1], state.values[i][:, :, : col + 1],
+                                               attn_mask=mask, scale=self.scaling)  # (B, kv_heads, groups, head_dim)
+            x = x + a.o_proj(o.reshape(b, 1, -1))  # heads in order: kv head j holds query heads j*groups..
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         state.length = col + 1
         return self.head(self.norm(x))[:, -1]  # (B, V)
