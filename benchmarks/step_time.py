@@ -1,6 +1,6 @@
 """Per-step time split and throughput of the default `credo train` configuration.
 
-Runs the default config (or a preset plus overrides) for a few RL steps after a short warm start,
+Runs the default config (or a preset plus overrides) for a few RL steps after its own warm start,
 then prints the median seconds per phase, each phase's share of the step, and tokens/s. The
 baseline in the same run is the step itself: shares are fractions of the measured step time.
 
@@ -32,7 +32,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(args.config, [f"train.steps={args.steps}", "eval.every=0", "checkpoint.every=0",
                                         "checkpoint.save_final=false", "log.report=false", "log.tensorboard=false",
-                                        "log.progress=false", "warm_start.steps=20", *args.overrides])
+                                        "log.progress=false", *args.overrides])
         run = train(cfg, run_dir=Path(tmp) / "bench")
         rows = [r for r in read_metrics(run / "metrics.jsonl") if "timing_s/step" in r][args.warmup_steps:]
     if not rows:
@@ -52,6 +52,8 @@ def main() -> None:
     print(f"tokens/s (prompt+response, whole step): {statistics.median(r['perf/tokens_per_s'] for r in rows):,.0f}")
     print(f"response tokens/s during generation:    {statistics.median(r['perf/gen_tokens_per_s'] for r in rows):,.0f}")
     print(f"response tokens per step:               {statistics.median(r['perf/response_tokens'] for r in rows):,.0f}")
+    print(f"mean reward {statistics.mean(r['reward/mean'] for r in rows):.3f}; rows left out of the update (all-zero "
+          f"advantages) {statistics.mean(r.get('actor/skipped_rows_frac', 0.0) for r in rows):.0%}")
 
 
 if __name__ == "__main__":
