@@ -111,21 +111,22 @@ def _batch(tok, seed=0):
     return collate(trajs, [RewardResult(float(i % 2)) for i in range(len(trajs))], pad_id=tok.pad_token_id)
 
 
+def _values_and_grads(model, batch, opts, *, temperature, seed):
+    """Log-probs, entropy and every parameter's gradient of a random weighting of both, under ``opts``."""
+    weights = torch.randn(batch.responses.shape, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    model.zero_grad()
+    lp, ent = policy_logprobs(model, batch, temperature=temperature, with_entropy=True, opts=opts)
+    ((lp * weights + 0.1 * ent) * batch.response_mask).sum().backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 @pytest.mark.parametrize("opts", [ForwardOptions(chunk_size=4, pack=False), ForwardOptions(chunk_size=0, pack=True),
                                   ForwardOptions(chunk_size=3, pack=True, row_tokens=16)])
 def test_model_logprobs_entropy_and_loss_gradients_equal_naive(opts):
     model, tok = _model64()
     batch = _batch(tok)
-    weights = torch.randn(batch.responses.shape, dtype=F64, generator=torch.Generator().manual_seed(4))
-
-    def run(o):
-        model.zero_grad()
-        lp, ent = policy_logprobs(model, batch, temperature=0.9, with_entropy=True, opts=o)
-        ((lp * weights + 0.1 * ent) * batch.response_mask).sum().backward()
-        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    lp0, ent0, grads0 = run(NAIVE)
-    lp1, ent1, grads1 = run(opts)
+    lp0, ent0, grads0 = _values_and_grads(model, batch, NAIVE, temperature=0.9, seed=4)
+    lp1, ent1, grads1 = _values_and_grads(model, batch, opts, temperature=0.9, seed=4)
     torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-10)
     torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-10)
     assert (lp1[~batch.attention_mask[:, batch.prompt_len:].bool()] == 0).all()  # past a response's end: 0
@@ -171,16 +172,9 @@ def test_shared_prompt_forward_equals_the_full_forward(chunk_size, float64_norms
     first, inverse = shared_prompts(batch)
     assert inverse.tolist() == [inverse[0]] * 3 + [inverse[3]] * 2 + [inverse[5]] * 3 + [inverse[8]]
     assert len(first) == 4 and (inverse[first] == torch.arange(4)).all()  # first[u] is a row of prompt u
-    weights = torch.randn(batch.responses.shape, dtype=F64, generator=torch.Generator().manual_seed(5))
-
-    def run(o):
-        model.zero_grad()
-        lp, ent = policy_logprobs(model, batch, temperature=0.7, with_entropy=True, opts=o)
-        ((lp * weights + 0.1 * ent) * batch.response_mask).sum().backward()
-        return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    lp0, ent0, grads0 = run(NAIVE)
-    lp1, ent1, grads1 = run(ForwardOptions(chunk_size=chunk_size or None, share_prompt=True))
+    lp0, ent0, grads0 = _values_and_grads(model, batch, NAIVE, temperature=0.7, seed=5)
+    lp1, ent1, grads1 = _values_and_grads(model, batch, ForwardOptions(chunk_size=chunk_size or None,
+                                                                       share_prompt=True), temperature=0.7, seed=5)
     torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-10)
     torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-10)
     for name in grads0:
