@@ -12,6 +12,7 @@ import torch
 from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert, policy_loss_requirements,
                         value_loss)
 from credo.config import RunConfig
+from credo.distributed.data_parallel import LOCAL, DataParallel
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_values, trim
 from credo.train.optim import clip_and_step
 from credo.train.stats import MetricAccumulator
@@ -50,34 +51,42 @@ def live_rows(mb: TrainBatch) -> torch.Tensor:
     return ((mb.advantages != 0) & mb.response_mask.bool()).any(-1)
 
 
-def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:
+def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler, *, step: int,
+                  dp: DataParallel = LOCAL) -> dict[str, float]:
     """PPO epochs over mini-batches (one optimizer step each) of micro-batches.
 
     When :func:`zero_advantage_rows_inert`, rows with all-zero advantages are left out of the forward and
     backward (the normalisers still count them, so the update is the one the whole mini-batch gives); with no
-    live row the optimizer still steps, on zero gradients, as it would have."""
+    live row the optimizer still steps, on zero gradients, as it would have. With ``dp`` over several ranks each
+    rank runs its rows of every mini-batch and the gradients are summed before the step
+    (:mod:`credo.distributed.data_parallel`); losses are summed over ranks, token-weighted metrics are this
+    rank's."""
     a = cfg.algo
     acc = MetricAccumulator()
     model.train()
     scale = loss_scale(cfg)
     skip = zero_advantage_rows_inert(cfg)
     for mb in minibatches(cfg, batch, step=step):
-        norm = AggNorm.of(mb.response_mask, scale)
+        norm = AggNorm.of(mb.response_mask, scale)  # the whole mini-batch's counts, on every rank
         correct = correct_mask(mb, a.sft_correct_score) if a.sft_coef > 0 else None
         sft_norm = AggNorm.of(correct, scale) if correct is not None else None
         lr = scheduler.get_last_lr()[0]
-        live = live_rows(mb) if skip else torch.ones(mb.batch_size, dtype=torch.bool)
+        local = dp.shard(mb)
+        live = live_rows(local) if skip else torch.ones(local.batch_size, dtype=torch.bool)
+        losses: dict[str, float] = {}
         if bool(live.any()):
-            for micro in split_micro(cfg, mb if bool(live.all()) else mb.select(live.nonzero().flatten())):
+            for micro in split_micro(cfg, local if bool(live.all()) else local.select(live.nonzero().flatten())):
                 loss, per_update, weighted = actor_loss(cfg, model, micro, norm, sft_norm)
                 loss.backward()
-                acc.add_per_update(per_update)
+                for k, v in per_update.items():
+                    losses[k] = losses.get(k, 0.0) + v
                 acc.add_weighted(weighted, weight=float(micro.response_mask.sum()))
-        else:
-            zero_missing_grads(model)
+        zero_missing_grads(model)
+        dp.reduce_grads(model)
+        acc.add_per_update(dp.sum_scalars(losses) if dp.enabled else losses)
         grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.grad_clip)
         acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr,
-                            "actor/skipped_rows_frac": 1.0 - float(live.float().mean())})
+                            "actor/skipped_rows_frac": 1.0 - float(live.float().mean()) if len(live) else 1.0})
         acc.end_update()
     return acc.result()
 
@@ -136,21 +145,27 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
     return loss, per_update, weighted
 
 
-def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, scheduler, *, step: int) -> dict[str, float]:
-    """Clipped value-loss regression of the critic on ``batch.returns``, same batching as the policy."""
+def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, scheduler, *, step: int,
+                  dp: DataParallel = LOCAL) -> dict[str, float]:
+    """Clipped value-loss regression of the critic on ``batch.returns``, same batching as the policy (and the
+    same data-parallel split: this rank's rows, gradients summed over ranks)."""
     c = cfg.critic
     acc = MetricAccumulator()
     critic.train()
     for mb in minibatches(cfg, batch, step=step):
         norm = AggNorm.of(mb.response_mask, loss_scale(cfg))
-        for micro in split_micro(cfg, mb):
+        losses: dict[str, float] = {}
+        for micro in split_micro(cfg, dp.shard(mb)):
             values = response_values(critic, micro)
             out = value_loss(values, micro.values, micro.returns, micro.response_mask,
                              cliprange_value=c.cliprange_value, agg=cfg.algo.agg, norm=norm)
             out.loss.backward()
-            acc.add_per_update({"critic/vf_loss": float(out.loss.detach())})
+            losses["critic/vf_loss"] = losses.get("critic/vf_loss", 0.0) + float(out.loss.detach())
             acc.add_weighted({f"critic/{k}": v for k, v in out.metrics.items()},
                              weight=float(micro.response_mask.sum()))
+        zero_missing_grads(critic)
+        dp.reduce_grads(critic)
+        acc.add_per_update(dp.sum_scalars(losses, keys=("critic/vf_loss",)) if dp.enabled else losses)
         acc.add_per_update({"critic/grad_norm": clip_and_step(critic, optimizer, scheduler, c.grad_clip)})
         acc.end_update()
     return acc.result()

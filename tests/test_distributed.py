@@ -1,0 +1,94 @@
+"""Data-parallel updates over torch.distributed (gloo, 2 CPU processes): the loss and the gradients of a 2-rank
+update equal those of a 1-rank update of the same batch, for every aggregation mode, with gradient accumulation,
+uneven shards and skipped rows."""
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from credo.algo import AGG_MODES
+from credo.distributed import LOCAL, DataParallel
+
+F64 = torch.float64
+
+
+def _float64_norms() -> None:
+    """Qwen2's RMSNorm computes in float32 whatever the dtype; in float64 here so the comparison is exact."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    modeling_qwen2.Qwen2RMSNorm.forward = forward
+
+
+def _setup():
+    from tests.test_lean_forward import _group_batch, _model64
+
+    _float64_norms()
+    model, tok = _model64()
+    batch = _group_batch(tok)  # 9 rows: rank 0 runs 5, rank 1 runs 4
+    batch.advantages = torch.randn(batch.responses.shape, dtype=F64,
+                                   generator=torch.Generator().manual_seed(7)) * batch.response_mask
+    batch.advantages[[2, 3]] = 0.0  # skipped rows (one on each rank)
+    return model, batch
+
+
+def _update(model, batch, mode: str, dp: DataParallel):
+    """One policy update with plain SGD at lr 1 and no clipping: parameters move by exactly minus the gradient."""
+    from credo.config import load_config
+    from credo.train.optim import build_scheduler
+    from credo.train.update import update_policy
+
+    cfg = load_config(None, [f"algo.agg={mode}", "train.micro_batch_size=2", "train.warmup_steps=0",
+                             "train.grad_clip=0"])
+    m = copy.deepcopy(model)
+    before = [p.detach().clone() for p in m.parameters()]
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)
+    metrics = update_policy(cfg, m, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0, dp=dp)
+    grads = [b - p.detach() for b, p in zip(before, m.parameters())]
+    return grads, metrics
+
+
+def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model, batch = _setup()
+        for mode in AGG_MODES:
+            grads, metrics = _update(model, batch, mode, DataParallel(rank, world))
+            if rank == 0:
+                torch.save({"grads": grads, "metrics": metrics}, os.path.join(out_dir, f"{mode}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_rank_update_equals_one_rank_for_every_aggregation_mode():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_worker, args=(2, os.path.join(tmp, "init"), tmp), nprocs=2, join=True,
+                           start_method="spawn")
+        model, batch = _setup()
+        for mode in AGG_MODES:
+            want, want_metrics = _update(model, batch, mode, LOCAL)
+            got = torch.load(os.path.join(tmp, f"{mode}.pt"))
+            assert any(g.abs().max() > 0 for g in want)
+            for g1, g2 in zip(got["grads"], want):
+                torch.testing.assert_close(g1, g2, rtol=0, atol=1e-12, msg=mode)
+            assert got["metrics"]["actor/pg_loss"] == pytest.approx(want_metrics["actor/pg_loss"], rel=1e-12, abs=1e-15)
+
+
+def test_shard_splits_rows_round_robin_and_local_is_identity():
+    _, batch = _setup()
+    assert LOCAL.shard(batch) is batch
+    a, b = DataParallel(0, 2).shard(batch), DataParallel(1, 2).shard(batch)
+    assert a.batch_size == 5 and b.batch_size == 4
+    torch.testing.assert_close(a.responses, batch.responses[0::2])
+    torch.testing.assert_close(b.responses, batch.responses[1::2])
