@@ -220,6 +220,16 @@ class LogConfig:
 
 
 @dataclass
+class DistributedConfig:
+    backend: str = opt("none", "none (one process) or torchrun: data-parallel updates over torch.distributed, one "
+                       "process per rank started by `torchrun --nproc-per-node N --no-python credo train ...` "
+                       "(rollout replicated on every rank; docs/distributed.md); ray is not implemented yet",
+                       choices=("none", "torchrun", "ray"))
+    comm: str = opt("auto", "torch.distributed backend: gloo, nccl, or auto = nccl with CUDA, else gloo",
+                    choices=("auto", "gloo", "nccl"))
+
+
+@dataclass
 class RunConfig:
     seed: int = opt(0, "global seed")
     output_dir: str = opt("runs", "parent directory of run directories")
@@ -236,3 +246,4 @@ class RunConfig:
     eval: EvalConfig = opt(None, factory=EvalConfig)
     checkpoint: CheckpointConfig = opt(None, factory=CheckpointConfig)
     log: LogConfig = opt(None, factory=LogConfig)
+    distributed: DistributedConfig = opt(None, factory=DistributedConfig)

@@ -56,6 +56,8 @@ from credo.train.progress import StepProgress
 from credo.train.sampling import collect_rollouts
 from credo.train.stats import Timer
 from credo.train.update import update_critic, update_policy
+from credo.distributed import LOCAL, DataParallel
+from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.types import SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -91,13 +93,26 @@ class Parts:
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: Any = None
     stage_samplers: list[PromptSampler] = field(default_factory=list)  # sequential agent training stages
+    dp: DataParallel = LOCAL  # data-parallel split of the updates (credo.distributed)
 
 
 # ============================================================================ entry point
 
 def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) -> Path:
     """Run (or resume) RL training; returns the run directory."""
-    run_dir = prepare_run_dir(cfg, run_dir, resume)
+    dp = init_data_parallel(cfg)
+    try:
+        return _train(cfg, run_dir, resume, dp)
+    finally:
+        shutdown(dp)
+
+
+def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel) -> Path:
+    """One process's run. With data parallelism every rank runs this whole recipe on the same seed (so the same
+    rollouts, replicated) and the updates split the rows over the ranks (``parts.dp``)."""
+    run_dir = rank_run_dir(dp, prepare_run_dir(cfg, run_dir, resume) if dp.rank == 0 else None)
+    if dp.rank > 0:  # rank r's own logs and checkpoints, under rank 0's run directory
+        run_dir = prepare_run_dir(cfg, run_dir, resume)
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_data(cfg, cfg.seed)
     ckpt = latest_checkpoint(run_dir) if resume else None
@@ -117,6 +132,7 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
                                    lean=cfg.rollout.lean_decode),
             sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
             stage_samplers=[PromptSampler(exs, seed=cfg.seed + i) for i, exs in enumerate(data.stage_train)],
+            dp=dp,
         )
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, run_dir)
@@ -218,11 +234,11 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
         if parts.critic is not None:
             with timer("update_critic"):
                 metrics.update(update_critic(cfg, parts.critic, batch, parts.critic_optimizer,
-                                             parts.critic_scheduler, step=step))
+                                             parts.critic_scheduler, step=step, dp=parts.dp))
         if step >= cfg.critic.warmup_steps or parts.critic is None:
             with timer("update"):
                 metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, batch, metrics), parts.optimizer,
-                                             parts.scheduler, step=step))
+                                             parts.scheduler, step=step, dp=parts.dp))
             if fused and "actor/entropy" in metrics:  # absent when every row had zero advantage (skipped)
                 state.entropy_history.append(metrics["actor/entropy"])
     metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer))
