@@ -101,8 +101,9 @@ def _metrics(path):
 
 
 def test_torchrun_data_parallel_run_matches_the_single_process_run(tmp_path):
-    """`torchrun --nproc-per-node 2 --no-python credo train ... distributed.backend=torchrun` against the same
-    command in one process: every rank runs the same (replicated) rollouts, so rewards are identical; the split
+    """`torchrun --nproc-per-node 2 --no-python credo train ... distributed.backend=torchrun
+    distributed.rollout=replicate` against the same command in one process: every rank runs the same rollouts,
+    so rewards are identical; the split
     update changes only the float summation order, so losses, gradient norms and the final weights agree to float
     tolerance. Rank 1 logs under RUN_DIR/rank1 and sees the same run."""
     import shutil
@@ -119,7 +120,7 @@ def test_torchrun_data_parallel_run_matches_the_single_process_run(tmp_path):
     single = subprocess.run([credo, "train", *common, "run_name=single"], capture_output=True, text=True)
     assert single.returncode == 0, single.stderr[-2000:]
     dp = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", credo, "train", *common, "run_name=dp",
-                         "distributed.backend=torchrun"], capture_output=True, text=True)
+                         "distributed.backend=torchrun", "distributed.rollout=replicate"], capture_output=True, text=True)
     assert dp.returncode == 0, dp.stderr[-2000:]
     one, two, rank1 = (_metrics(tmp_path / p / "metrics.jsonl") for p in ("single", "dp", "dp/rank1"))
     assert len(one) == len(two) == len(rank1) == 3
@@ -145,3 +146,26 @@ def test_distributed_backend_errors_are_clear(monkeypatch):
     with pytest.raises(NotImplementedError, match="ray is not implemented"):
         init_data_parallel(load_config(None, ["distributed.backend=ray"]))
     assert init_data_parallel(load_config(None, [])) is LOCAL
+
+
+def test_torchrun_sharded_rollouts_give_every_rank_the_whole_batch(tmp_path):
+    """distributed.rollout=shard: each rank generates half of the prompts; after the exchange both ranks hold
+    the same whole batch (same rewards, same gradient norms, every step), each generated half of it."""
+    import shutil
+    import subprocess
+
+    credo, torchrun = shutil.which("credo"), shutil.which("torchrun")
+    if credo is None or torchrun is None:
+        pytest.skip("the credo / torchrun console scripts are not on PATH")
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", credo, "train", "train.steps=2",
+                           "train.prompts_per_step=8", "rollout.group_size=4", "eval.every=0", "eval.size=8",
+                           "checkpoint.every=0", "log.report=false", "log.tensorboard=false", "log.progress=false",
+                           "train.threads=1", f"output_dir={tmp_path}", "run_name=shard",
+                           "distributed.backend=torchrun"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r0, r1 = _metrics(tmp_path / "shard" / "metrics.jsonl"), _metrics(tmp_path / "shard" / "rank1" / "metrics.jsonl")
+    assert len(r0) == len(r1) == 2
+    for a, b in zip(r0, r1):
+        assert a["dist/local_sequences"] == b["dist/local_sequences"] == 16  # 4 of the 8 prompts x 4 samples
+        assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
+        assert a["actor/grad_norm"] == b["actor/grad_norm"]

@@ -223,10 +223,14 @@ class LogConfig:
 class DistributedConfig:
     backend: str = opt("none", "none (one process) or torchrun: data-parallel updates over torch.distributed, one "
                        "process per rank started by `torchrun --nproc-per-node N --no-python credo train ...` "
-                       "(rollout replicated on every rank; docs/distributed.md); ray is not implemented yet",
+                       "(docs/distributed.md); ray is not implemented yet",
                        choices=("none", "torchrun", "ray"))
     comm: str = opt("auto", "torch.distributed backend: gloo, nccl, or auto = nccl with CUDA, else gloo",
                     choices=("auto", "gloo", "nccl"))
+    rollout: str = opt("shard", "torchrun mode: shard = each rank generates and scores its share of the prompts "
+                       "and the ranks exchange them; replicate = every rank generates the whole batch (same as one "
+                       "process, token for token). Agent episodes and algo.filter_groups always replicate",
+                       choices=("shard", "replicate"))
 
 
 @dataclass

@@ -58,6 +58,7 @@ from credo.train.stats import Timer
 from credo.train.update import update_critic, update_policy
 from credo.distributed import LOCAL, DataParallel
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
+from credo.distributed.rollout import ShardedSampler, gather_rollouts
 from credo.types import SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Parts:
     tokenizer: Any
     engine: HFRolloutEngine
     runner: RewardRunner
-    sampler: PromptSampler
+    sampler: PromptSampler | ShardedSampler
     optimizer: torch.optim.Optimizer
     scheduler: Any
     data: TaskData
@@ -94,6 +95,7 @@ class Parts:
     critic_scheduler: Any = None
     stage_samplers: list[PromptSampler] = field(default_factory=list)  # sequential agent training stages
     dp: DataParallel = LOCAL  # data-parallel split of the updates (credo.distributed)
+    shard_rollouts: bool = False  # each rank generates its share of the prompts (credo.distributed.rollout)
 
 
 # ============================================================================ entry point
@@ -131,9 +133,13 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel)
             engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
                                    lean=cfg.rollout.lean_decode),
             sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
+            shard_rollouts=dp.enabled and cfg.distributed.rollout == "shard" and runner is not None
+            and not cfg.algo.filter_groups,
             stage_samplers=[PromptSampler(exs, seed=cfg.seed + i) for i, exs in enumerate(data.stage_train)],
             dp=dp,
         )
+        if parts.shard_rollouts:
+            parts.sampler = ShardedSampler(parts.sampler, dp)
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, run_dir)
         rl_loop(cfg, run_dir, state, parts)
@@ -203,6 +209,9 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                 group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
                 dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
                 overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
+            if parts.shard_rollouts:
+                with timer("gather"):
+                    rollouts = gather_rollouts(rollouts, parts.dp)
         metrics = rollouts.metrics
         if not rollouts.trajs:  # every group was filtered out: nothing to learn from this step
             return metrics | timer.metrics() | {"train/skipped_step": 1}
