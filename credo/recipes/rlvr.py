@@ -110,8 +110,9 @@ def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) 
 
 
 def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel) -> Path:
-    """One process's run. With data parallelism every rank runs this whole recipe on the same seed (so the same
-    rollouts, replicated) and the updates split the rows over the ranks (``parts.dp``)."""
+    """One process's run. With data parallelism every rank runs this whole recipe on the same seed (the same prompt
+    batches; rollouts sharded over the ranks or replicated, ``distributed.rollout``) and the updates split the
+    rows over the ranks (``parts.dp``)."""
     run_dir = rank_run_dir(dp, prepare_run_dir(cfg, run_dir, resume) if dp.rank == 0 else None)
     if dp.rank > 0:  # rank r's own logs and checkpoints, under rank 0's run directory
         run_dir = prepare_run_dir(cfg, run_dir, resume)
@@ -128,13 +129,14 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel)
     with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
                                                            resume_step=_step_of(ckpt) if ckpt else None) as logger:
         optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
+        shard = dp.enabled and cfg.distributed.rollout == "shard" and runner is not None and not cfg.algo.filter_groups
         parts = Parts(
             model=model, tokenizer=tokenizer, runner=runner, data=data, logger=logger, optimizer=optimizer,
-            engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
-                                   lean=cfg.rollout.lean_decode),
+            # sharded ranks sample different prompts with their own random streams (not the same draws per row)
+            engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed + (1_000_003 * dp.rank if shard else 0),
+                                   max_batch_size=cfg.rollout.max_batch_size, lean=cfg.rollout.lean_decode),
             sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
-            shard_rollouts=dp.enabled and cfg.distributed.rollout == "shard" and runner is not None
-            and not cfg.algo.filter_groups,
+            shard_rollouts=shard,
             stage_samplers=[PromptSampler(exs, seed=cfg.seed + i) for i, exs in enumerate(data.stage_train)],
             dp=dp,
         )
