@@ -87,6 +87,7 @@ def compute_policy_loss(
     agg: str = "token-mean",
     norm: AggNorm | None = None,
     loss_scale_factor: float | None = None,
+    token_weights: torch.Tensor | None = None,  # (B, T) detached, e.g. rollout-correction IS weights
     **hparams: Any,
 ) -> LossOutput:
     """Per-token loss of the registered method ``name``, aggregated with ``agg``.
@@ -107,7 +108,8 @@ def compute_policy_loss(
         entropy=entropy, ref_logprobs=ref_logprobs, **hparams,
     )
     mode = entry.forced_agg or agg
-    loss = agg_loss(out.loss, mask, mode, norm=norm, loss_scale_factor=loss_scale_factor)
+    loss_mat = out.loss if token_weights is None else out.loss * token_weights.detach()  # (B, T)
+    loss = agg_loss(loss_mat, mask, mode, norm=norm, loss_scale_factor=loss_scale_factor)
     metrics = {k: float(masked_mean(v.detach().to(mask.dtype), mask)) for k, v in out.token_metrics.items()}
     metrics.update(out.metrics)
     if out.aux_loss is not None:

@@ -93,6 +93,12 @@ class AlgoConfig:
     kl_estimator: str = opt("k3", "KL estimator: k1, abs, k2, k3 (+ suffix = straight-through)")
     kl_in_reward: bool = opt(False, "subtract kl_coef * sum_t KL from the sequence reward instead of adding it to the loss")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient (loss -= coef * agg(entropy))")
+    rollout_correction: str = opt("none", "importance weights for the sampler-trainer mismatch, exp(old_logprobs - "
+                                  "rollout_logprobs) per token or per sequence, truncated or masked to [rollout_is_low, "
+                                  "rollout_is_high] (credo.algo.rollout_correction)",
+                                  choices=("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+    rollout_is_low: float | None = opt(None, "lower bound of the rollout-correction weights (null = none)")
+    rollout_is_high: float = opt(2.0, "upper bound of the rollout-correction weights (verl 2.0, TRL 3.0)", min=0.0)
     sft_coef: float = opt(0.0, "weight of an NLL term on fully correct responses (GPPO / CE-GPPO recipes: 0.1)",
                           min=0.0)
     sft_correct_score: float = opt(1.0, "score that marks a response as fully correct for sft_coef")

@@ -11,6 +11,7 @@ import torch
 
 from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert, policy_loss_requirements,
                         value_loss)
+from credo.algo.rollout_correction import rollout_is_weights
 from credo.config import RunConfig
 from credo.distributed.data_parallel import LOCAL, DataParallel
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_values, trim
@@ -120,9 +121,15 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
                                         opts=ForwardOptions.of(cfg))
     mask = mb.response_mask
     old_logprobs = logprobs.detach() if fused else mb.old_logprobs
+    weights, corr_metrics = None, {}
+    if a.rollout_correction != "none":
+        weights, corr = rollout_is_weights(old_logprobs, mb.rollout_logprobs, mask, mode=a.rollout_correction,
+                                           low=a.rollout_is_low, high=a.rollout_is_high)
+        # token means only: they combine exactly over micro-batches (weighted by token counts)
+        corr_metrics = {k: corr[k] for k in ("rollout_corr/is_mean", "rollout_corr/adjusted_frac") if k in corr}
     out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=old_logprobs, advantages=mb.advantages,
                               response_mask=mask, entropy=entropy, ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm,
-                              **a.policy_loss_args)
+                              token_weights=weights, **a.policy_loss_args)
     loss = out.loss
     per_update = {"actor/pg_loss": float(out.loss.detach())}
     if a.kl_coef > 0 and not a.kl_in_reward:
@@ -137,7 +144,7 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
         sft = agg_loss(-logprobs, correct_mask(mb, a.sft_correct_score), a.agg, norm=sft_norm)
         loss = loss + a.sft_coef * sft
         per_update["actor/sft_loss"] = float(sft.detach())
-    weighted = {f"actor/{k}": v for k, v in out.metrics.items()}
+    weighted = {f"actor/{k}": v for k, v in out.metrics.items()} | corr_metrics
     if fused:  # what the skipped pass would have reported
         n = mask.sum().clamp(min=1.0)
         weighted["actor/entropy"] = float((entropy.detach() * mask).sum() / n)
