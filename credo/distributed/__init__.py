@@ -1,4 +1,4 @@
-"""Distributed execution: data-parallel training over torch.distributed (this module), more to come (issue 7)."""
+"""Distributed execution: data-parallel updates and sharded rollouts over torch.distributed (torchrun)."""
 from credo.distributed.data_parallel import LOCAL, DataParallel
 
 __all__ = ["LOCAL", "DataParallel"]
