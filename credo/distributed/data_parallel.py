@@ -1,9 +1,9 @@
 """Data-parallel policy / critic updates over torch.distributed, exact across ranks.
 
 Every rank holds the whole mini-batch (replicated or gathered rollouts, :mod:`credo.distributed.rollout`),
-computes the aggregation normalisers from all of it (:class:`credo.algo.AggNorm`: global token and sequence counts, so no all-reduce is
-needed for them), and runs the forward / backward of its own rows ``rank::world_size`` only. Each rank's loss is
-then its share of the global loss, so the global gradient is the **sum** of the ranks' gradients, which
+computes the aggregation normalisers from all of it (:class:`credo.algo.AggNorm`: global token and sequence
+counts, so no all-reduce is needed for them), and runs the forward / backward of its own rows
+``rank::world_size`` only. Each rank's loss is then its share of the global loss, so the global gradient is the **sum** of the ranks' gradients, which
 :meth:`DataParallel.reduce_grads` forms with one all-reduce per optimizer step (after all micro-batches). Every
 rank then clips and steps the same summed gradient and stays identical to the others.
 
