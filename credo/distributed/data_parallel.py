@@ -3,9 +3,10 @@
 Every rank holds the whole mini-batch (replicated or gathered rollouts, :mod:`credo.distributed.rollout`),
 computes the aggregation normalisers from all of it (:class:`credo.algo.AggNorm`: global token and sequence
 counts, so no all-reduce is needed for them), and runs the forward / backward of its own rows
-``rank::world_size`` only. Each rank's loss is then its share of the global loss, so the global gradient is the **sum** of the ranks' gradients, which
-:meth:`DataParallel.reduce_grads` forms with one all-reduce per optimizer step (after all micro-batches). Every
-rank then clips and steps the same summed gradient and stays identical to the others.
+``rank::world_size`` only. Each rank's loss is then its share of the global loss, so the global gradient is the
+**sum** of the ranks' gradients, which :meth:`DataParallel.reduce_grads` forms with one all-reduce per optimizer
+step (after all micro-batches). Every rank then clips and steps the same summed gradient and stays identical to
+the others.
 
 This is DDP's arithmetic (gradient all-reduce) without DDP's module wrapper: credo's forward calls the backbone
 and the output head separately (chunked log-probs), which DDP's reducer does not see, and a rank may have no
