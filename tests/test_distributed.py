@@ -17,21 +17,14 @@ from credo.distributed import LOCAL, DataParallel
 F64 = torch.float64
 
 
-def _float64_norms() -> None:
-    """Qwen2's RMSNorm computes in float32 whatever the dtype; in float64 here so the comparison is exact."""
+def _setup():
+    """The float64 model and batch, with RMSNorm in float64 so the comparison is exact (set for the whole process:
+    the spawned ranks and the comparison in the test process alike)."""
     from transformers.models.qwen2 import modeling_qwen2
 
-    def forward(self, hidden_states):
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+    from tests.test_lean_forward import _group_batch, _model64, rmsnorm_in_input_dtype
 
-    modeling_qwen2.Qwen2RMSNorm.forward = forward
-
-
-def _setup():
-    from tests.test_lean_forward import _group_batch, _model64
-
-    _float64_norms()
+    modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype
     model, tok = _model64()
     batch = _group_batch(tok)  # 9 rows: rank 0 runs 5, rank 1 runs 4
     batch.advantages = torch.randn(batch.responses.shape, dtype=F64,

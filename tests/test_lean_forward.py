@@ -149,18 +149,19 @@ def _group_batch(tok, seed=1):
     return collate(trajs, [RewardResult(float(i % 2)) for i in range(len(trajs))], pad_id=tok.pad_token_id)
 
 
+def rmsnorm_in_input_dtype(self, hidden_states):
+    """Qwen2RMSNorm.forward computed in the input's dtype. transformers computes it in float32 whatever the input
+    dtype, which leaves ~1e-8 relative rounding in a float64 model's gradients (different summation orders then
+    differ by that much); with this, float64 comparisons are exact to ~1e-15."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
 @pytest.fixture
 def float64_norms(monkeypatch):
-    """Qwen2's RMSNorm computes in float32 whatever the input dtype, which leaves ~1e-8 relative rounding in a
-    float64 model's gradients (different summation orders then differ by that much); this computes it in the
-    input's dtype so that float64 comparisons are exact to ~1e-15."""
     from transformers.models.qwen2 import modeling_qwen2
 
-    def forward(self, hidden_states):
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
+    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", rmsnorm_in_input_dtype)
 
 
 @pytest.mark.parametrize("chunk_size", [0, 5])

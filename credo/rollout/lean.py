@@ -60,7 +60,6 @@ class DecodeState:
 
 class LeanDecoder:
     def __init__(self, model: torch.nn.Module):
-        self.model = model
         base = model.model
         self.layers = list(base.layers)
         self.embed, self.norm, self.rotary = base.embed_tokens, base.norm, base.rotary_emb

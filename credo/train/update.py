@@ -84,7 +84,7 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
                 acc.add_weighted(weighted, weight=float(micro.response_mask.sum()))
         zero_missing_grads(model)
         dp.reduce_grads(model)
-        acc.add_per_update(dp.sum_scalars(losses) if dp.enabled else losses)
+        acc.add_per_update(dp.sum_scalars(losses))
         grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.grad_clip)
         acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr,
                             "actor/skipped_rows_frac": 1.0 - float(live.float().mean()) if len(live) else 1.0})
@@ -172,7 +172,7 @@ def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, schedule
                              weight=float(micro.response_mask.sum()))
         zero_missing_grads(critic)
         dp.reduce_grads(critic)
-        acc.add_per_update(dp.sum_scalars(losses, keys=("critic/vf_loss",)) if dp.enabled else losses)
+        acc.add_per_update(dp.sum_scalars(losses, keys=("critic/vf_loss",)))
         acc.add_per_update({"critic/grad_norm": clip_and_step(critic, optimizer, scheduler, c.grad_clip)})
         acc.end_update()
     return acc.result()
