@@ -52,6 +52,7 @@ class Trajectory:
     # multi-turn episodes: [start, end) of each assistant turn in response coordinates, and episode facts
     turns: list[tuple[int, int]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0  # the policy (optimizer steps taken) whose weights sampled this response
 
 
 @dataclass(frozen=True)

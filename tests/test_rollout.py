@@ -90,6 +90,36 @@ def test_chunking_does_not_change_greedy_output(tiny_model):
     assert whole[0].response_ids == whole[1].response_ids  # greedy: both samples of a prompt agree
 
 
+def test_split_rows_sample_exactly_what_one_call_samples(tiny_model):
+    """A worker given (key, first_row) samples the rows a single engine call would: the pool's split over workers
+    and the engine's max_batch_size chunks do not change any token."""
+    from credo.rollout.hf import draw_key
+
+    model, tok = tiny_model
+    sp = SamplingParams(max_new_tokens=6, temperature=1.5)
+    whole = HFRolloutEngine(model, tok, seed=3).generate(PROMPTS, 4, sp)  # 12 rows
+    key = draw_key(torch.Generator().manual_seed(3))  # the key the seed-3 engine drew for its first call
+    worker = HFRolloutEngine(model, tok, seed=99, max_batch_size=3)
+    first = worker.generate(PROMPTS[:2], 4, sp, stream=(key, 0))  # rows 0..7
+    second = worker.generate(PROMPTS[2:], 4, sp, stream=(key, 8))  # rows 8..11
+    assert [t.response_ids for t in first + second] == [t.response_ids for t in whole]
+    other = worker.generate(PROMPTS[2:], 4, sp, stream=(key, 0))  # same prompt, other rows: other draws
+    assert [t.response_ids for t in other] != [t.response_ids for t in second]
+
+
+def test_uniform_draws_are_uniform_and_independent_of_batching():
+    from credo.rollout.hf import uniform_draws
+
+    u = torch.cat([uniform_draws(12345, torch.arange(2000), t) for t in range(50)])  # 100k draws
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.005 and abs(float(u.var()) - 1 / 12) < 0.002
+    counts = torch.histc(u, 10, 0, 1)  # each decile holds 10k +- a few hundred
+    assert float((counts - 10_000).abs().max()) < 500
+    rows = torch.tensor([5, 1, 9])
+    assert torch.equal(uniform_draws(7, rows, 4), uniform_draws(7, torch.arange(10), 4)[rows])
+    assert not torch.equal(uniform_draws(7, rows, 4), uniform_draws(8, rows, 4))
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     k2 = filter_logits(logits, top_k=2)

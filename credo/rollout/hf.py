@@ -33,15 +33,19 @@ class HFRolloutEngine:
         self.generator.manual_seed(seed)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.policy_version = 0  # which policy the weights are (update_weights); recorded on every trajectory
 
     # -------------------------------------------------------------- protocol
 
-    def generate(self, prompts: list[Example], n: int, sampling: SamplingParams,
-                 on_done: OnDone | None = None) -> list[Trajectory]:
+    def generate(self, prompts: list[Example], n: int, sampling: SamplingParams, on_done: OnDone | None = None,
+                 *, stream: tuple[int, int] | None = None) -> list[Trajectory]:
+        """``stream=(key, first_row)``: sample as rows ``first_row, ...`` of a call whose draws are keyed ``key``
+        (a pool worker's share of a larger batch samples exactly what one engine would, :func:`uniform_draws`);
+        None draws a fresh key from this engine's generator."""
         prompt_ids = [self.encode(ex.prompt) for ex in prompts]
         rows = [(g, ex, ids) for g, (ex, ids) in enumerate(zip(prompts, prompt_ids)) for _ in range(n)]
         on_finish = None if on_done is None else (lambda i, cont: on_done(i, self._trajectory(rows[i], cont)))
-        outs = self.continue_ids([r[2] for r in rows], sampling, on_finish=on_finish)
+        outs = self.continue_ids([r[2] for r in rows], sampling, on_finish=on_finish, stream=stream)
         return [self._trajectory(row, out) for row, out in zip(rows, outs)]
 
     def state_dict(self) -> dict[str, Any]:
@@ -50,22 +54,36 @@ class HFRolloutEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
 
+    def update_weights(self, model: torch.nn.Module, *, version: int) -> None:
+        """Serve ``model``'s weights from now on, as policy ``version`` (recorded on every trajectory). This engine
+        samples from the trainer's own module, so only a different module's weights are copied."""
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+        self.policy_version = version
+
     # -------------------------------------------------------------- token-level API (agent loops)
 
     def continue_ids(self, prefixes: list[list[int]], sampling: SamplingParams, *, stop_ids: tuple[int, ...] = (),
                      top_logprobs: int = 0, stop_sequences: tuple[tuple[int, ...], ...] = (),
-                     on_finish: Callable[[int, Continuation], None] | None = None) -> list[Continuation]:
+                     on_finish: Callable[[int, Continuation], None] | None = None,
+                     stream: tuple[int, int] | None = None) -> list[Continuation]:
         """Sample a continuation of every token-id prefix, in batches of ``max_batch_size``.
 
         A row stops after EOS or any ``stop_ids`` token, or once its generated tokens end with one of
         ``stop_sequences`` (vLLM's ``stop``; the sequence is kept), or at ``max_new_tokens``.
         ``top_logprobs > 0`` also records the k largest log-probs at every generated position.
         ``on_finish(index, continuation)`` is called as each row completes, while the others still decode.
+        Row i's draw at step t is :func:`uniform_draws` of (key, first_row + i, t): the key is drawn once per call
+        from the engine's generator (or ``sampling.seed``'s) unless ``stream=(key, first_row)`` gives it, so how
+        the rows are split into batches or over workers does not change what they sample.
         """
-        gen = self.generator
-        if sampling.seed is not None:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(sampling.seed)
+        if stream is None:
+            gen = self.generator
+            if sampling.seed is not None:
+                gen = torch.Generator(device="cpu")
+                gen.manual_seed(sampling.seed)
+            stream = (draw_key(gen), 0)
+        key, first_row = stream
         stops = tuple({self.eos_id, *stop_ids})
         out: list[Continuation] = []
         was_training = self.model.training
@@ -73,7 +91,7 @@ class HFRolloutEngine:
         try:
             for start in range(0, len(prefixes), self.max_batch_size):
                 notify = None if on_finish is None else (lambda i, c, s=start: on_finish(s + i, c))
-                out.extend(self._decode(prefixes[start : start + self.max_batch_size], sampling, gen, stops,
+                out.extend(self._decode(prefixes[start : start + self.max_batch_size], sampling, (key, first_row + start), stops,
                                         top_logprobs, tuple(tuple(q) for q in stop_sequences if q), notify))
         finally:
             self.model.train(was_training)
@@ -85,13 +103,13 @@ class HFRolloutEngine:
         return encode_prompt(self.tokenizer, text)
 
     @torch.no_grad()
-    def _decode(self, prefixes: list[list[int]], sp: SamplingParams, gen: torch.Generator, stops: tuple[int, ...],
+    def _decode(self, prefixes: list[list[int]], sp: SamplingParams, stream: tuple[int, int], stops: tuple[int, ...],
                 top_k: int, stop_sequences: tuple[tuple[int, ...], ...] = (),
                 on_finish: Callable[[int, Continuation], None] | None = None) -> list[Continuation]:
         """Decode every prefix; identical prefixes share one prefill (its KV is copied to each), and finished rows
         leave the batch once a quarter of it has finished (the KV cache is compacted), so no work is spent on them.
-        Each (row, step) draws its own uniform number whatever the batch holds, so results do not depend on when
-        rows are compacted."""
+        Each (row, step) draws its own uniform number (keyed by ``stream``) whatever the batch holds, so results do
+        not depend on when rows are compacted."""
         batch, steps = len(prefixes), sp.max_new_tokens
         tokens = torch.full((batch, max(steps, 1)), self.pad_id, dtype=torch.long)
         logps = torch.zeros((batch, max(steps, 1)))
@@ -106,7 +124,7 @@ class HFRolloutEngine:
         stop_t = torch.tensor(stops, device=self.device)
         done = torch.zeros(len(active), dtype=torch.bool, device=self.device)  # finished rows still in the batch
         for t in range(steps):
-            u = torch.rand(batch, generator=gen)[active.cpu()]  # one draw per original row and step
+            u = uniform_draws(stream[0], stream[1] + active.cpu(), t)  # one draw per original row and step
             nxt, lp, full = self._sample(logits.float(), sp, u.to(self.device))
             live = (~done).nonzero().flatten()
             rows = active[live].cpu()
@@ -212,7 +230,7 @@ class HFRolloutEngine:
             example=example, group_id=group_id, prompt_ids=prompt_ids, response_ids=ids,
             rollout_logprobs=cont.logprobs, response_mask=[1] * len(ids),
             finish_reason="eos" if ended else "length",
-            response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True),
+            response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True), policy_version=self.policy_version,
         )
 
 
@@ -238,3 +256,38 @@ def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return logits
+
+
+# ---------------------------------------------------------------- counter-based draws
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for int64 x in [0, 2**32), without int64 overflow (16-bit halves)."""
+    return (((((x >> 16) * c) & _M32) << 16) + (x & 0xFFFF) * c) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (the "lowbias32" xorshift-multiply finaliser), on int64 tensors in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def draw_key(generator: torch.Generator) -> int:
+    """A fresh 62-bit key for one generation call."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator))
+
+
+def uniform_draws(key: int, rows: torch.Tensor, step: int) -> torch.Tensor:
+    """(A,) float32 uniforms in (0, 1), a pure function of (``key``, row index, decode ``step``): the same row of
+    the same call draws the same number wherever it runs (another batch, another worker). 24 bits, a float32's
+    mantissa; the hash is counter-based, like Philox in vLLM / JAX, with a 32-bit mixer."""
+    k = _mix32(torch.tensor([(key >> 31) & _M32]))
+    k = _mix32(k ^ torch.tensor([key & _M32]))  # (1,)
+    h = _mix32(k ^ _mix32(rows.to(torch.int64) & _M32))
+    h = _mix32((h + _mul32(torch.tensor([step & _M32]), 0x9E3779B9)) & _M32)  # (A,)
+    return ((h >> 8).to(torch.float32) + 0.5) / float(1 << 24)
