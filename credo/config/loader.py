@@ -259,7 +259,21 @@ def validate_semantics(cfg: RunConfig) -> None:
         raise ConfigError("task.train_file: required when task.name=file")
     if cfg.task.name != "file" and (cfg.task.train_file or cfg.task.eval_file):
         raise ConfigError(f"task.train_file: only used with task.name=file (task.name is {cfg.task.name!r})")
+    validate_distributed(cfg)
     validate_registries(cfg)
+
+
+def validate_distributed(cfg: RunConfig) -> None:
+    d = cfg.distributed
+    for entry in d.inject_faults:
+        parts = str(entry).split(":")
+        if len(parts) != 3 or parts[0] not in ("rollout", "reward") or not all(p.isdigit() for p in parts[1:]) \
+                or int(parts[2]) < 1:
+            raise ConfigError(f"distributed.inject_faults: {entry!r} is not KIND:WORKER:CALL "
+                              f"(KIND rollout or reward, CALL >= 1)")
+    if d.backend != "ray" and (d.world_size > 1 or d.inject_faults):
+        raise ConfigError("distributed.world_size / inject_faults: only used with distributed.backend=ray "
+                          "(torchrun sets the world size with --nproc-per-node)")
 
 
 def validate_registries(cfg: RunConfig) -> None:

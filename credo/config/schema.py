@@ -63,6 +63,12 @@ class RolloutConfig:
     max_batch_size: int = opt(256, "sequences per generation batch", min=1)
     lean_decode: bool = opt(True, "Llama / Qwen2 models: decode through credo's lean loop on a preallocated KV "
                             "cache (credo.rollout.lean) instead of transformers' generic forward")
+    one_step_off: bool = opt(False, "asynchronous one-step-off-policy mode: step t+1's rollouts are generated "
+                             "(by policy t) while step t's update runs; the lag is logged as rollout/policy_lag")
+    off_policy_ratio: str = opt("behaviour", "one_step_off: the PPO ratio's denominator; behaviour = the sampler's "
+                                "log-probs (the policy that generated), recompute = the trainer's log-probs before "
+                                "the update (decoupled PPO; pair with algo.rollout_correction)",
+                                choices=("behaviour", "recompute"))
 
 
 @dataclass
@@ -227,9 +233,10 @@ class LogConfig:
 
 @dataclass
 class DistributedConfig:
-    backend: str = opt("none", "none (one process) or torchrun: data-parallel updates over torch.distributed, one "
-                       "process per rank started by `torchrun --nproc-per-node N --no-python credo train ...` "
-                       "(docs/distributed.md); ray is not implemented yet",
+    backend: str = opt("none", "none (one process); torchrun: data-parallel updates over torch.distributed, one "
+                       "process per rank started by `torchrun --nproc-per-node N --no-python credo train ...`; "
+                       "ray: Ray places world_size trainer ranks, rollout_workers engines and reward_workers "
+                       "verifier workers (docs/distributed.md)",
                        choices=("none", "torchrun", "ray"))
     comm: str = opt("auto", "torch.distributed backend: gloo, nccl, or auto = nccl with CUDA, else gloo",
                     choices=("auto", "gloo", "nccl"))
@@ -237,6 +244,18 @@ class DistributedConfig:
                        "and the ranks exchange them; replicate = every rank generates the whole batch (same as one "
                        "process, token for token). Agent episodes and algo.filter_groups always replicate",
                        choices=("shard", "replicate"))
+    world_size: int = opt(1, "ray mode: data-parallel trainer ranks (Ray actors joined by torch.distributed)", min=1)
+    rollout_workers: int = opt(1, "ray mode: rollout engine actors, each with a policy copy synced after every "
+                               "update", min=1)
+    reward_workers: int = opt(1, "ray mode: verifier actors the reward batches are split over", min=1)
+    ray_address: str | None = opt(None, "ray mode: null = start a private local Ray instance for the run; auto = "
+                                  "join the running cluster (`ray start --head`); or HOST:PORT")
+    worker_cpus: float = opt(1.0, "ray mode: CPUs each actor reserves (trainer ranks, rollout and reward workers)",
+                             min=0.0)
+    trainer_gpus: float = opt(0.0, "ray mode: GPUs each trainer rank reserves", min=0.0)
+    rollout_gpus: float = opt(0.0, "ray mode: GPUs each rollout worker reserves", min=0.0)
+    inject_faults: list = opt(None, "testing aid, ray mode: KIND:WORKER:CALL entries (KIND rollout or reward) "
+                              "that make that worker's process exit at the start of its CALL-th call", factory=list)
 
 
 @dataclass

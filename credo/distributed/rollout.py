@@ -10,11 +10,13 @@ Dynamic sampling (``algo.filter_groups``) and agent episodes keep replicated rol
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from credo.distributed.data_parallel import DataParallel
 from credo.train.sampling import Rollouts
 from credo.train.stats import rollout_metrics
+
+T = TypeVar("T")
 
 
 class ShardedSampler:
@@ -47,3 +49,16 @@ def gather_rollouts(rollouts: Rollouts, dp: DataParallel) -> Rollouts:
         offset += max((t.group_id for t in ts), default=-1) + 1
     metrics = {**rollouts.metrics, **rollout_metrics(trajs, results), "dist/local_sequences": len(rollouts.trajs)}
     return Rollouts(trajs, results, metrics)
+
+
+def from_leader(dp: DataParallel, leader_only: bool, fn: Callable[[], T]) -> T:
+    """``fn()`` on every rank, or (``leader_only``: Ray mode, where rank 0 alone talks to the rollout and reward
+    pools) on rank 0 only, its result broadcast to the other ranks. Every rank calls this at the same point of
+    the recipe, so the broadcasts pair up."""
+    if not (leader_only and dp.enabled):
+        return fn()
+    import torch.distributed as dist
+
+    box: list[Any] = [fn() if dp.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=dp.group)
+    return box[0]

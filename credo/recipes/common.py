@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import random
@@ -15,6 +16,7 @@ from credo.config import RunConfig, dump_config
 from credo.data.source import TaskData
 from credo.models import num_parameters, save_model
 from credo.rewards import RewardRunner
+from credo.rollout import HFRolloutEngine
 from credo.train.checkpoint import latest_checkpoint
 from credo.train.evaluate import evaluate
 from credo.train.metrics import MetricsLogger
@@ -51,13 +53,48 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
 
 
+def is_agent_run(cfg: RunConfig, data: TaskData) -> bool:
+    """Agent RL: rewards come from the environments, not from a verifier."""
+    return data.default_reward is None and cfg.reward.name is None
+
+
 def reward_runner(cfg: RunConfig, data: TaskData):
-    """The verifier pool; a null context for agent RL, whose rewards come from the environments."""
-    if data.default_reward is None and cfg.reward.name is None:
+    """The verifier pool (Ray reward workers under ``distributed.backend=ray``); a null context for agent RL,
+    whose rewards come from the environments."""
+    if is_agent_run(cfg, data):
         return contextlib.nullcontext(None)
-    r = cfg.reward
-    return RewardRunner(r.name or data.default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
-                        failure_score=r.failure_score, workers=r.workers, executor=r.executor)
+    r, d = cfg.reward, cfg.distributed
+    kwargs = dict(name_or_path=r.name or data.default_reward, fn_kwargs=r.kwargs, timeout_s=r.timeout_s,
+                  failure_score=r.failure_score, workers=r.workers, executor=r.executor)
+    if d.backend == "ray":
+        from credo.distributed.ray_pools import RewardPool
+
+        return RewardPool(kwargs, workers=d.reward_workers, num_cpus=d.worker_cpus, faults=injected_faults(cfg, "reward"))
+    return RewardRunner(**kwargs)
+
+
+def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int):
+    """The rollout engine: Ray rollout workers under ``distributed.backend=ray``, else an in-process engine (on a
+    copy of the policy in one-step-off mode, whose generation overlaps the update)."""
+    r, d = cfg.rollout, cfg.distributed
+    if d.backend == "ray":
+        from credo.distributed.ray_pools import RolloutPool
+
+        return RolloutPool(model, tokenizer, workers=d.rollout_workers, seed=seed, max_batch_size=r.max_batch_size,
+                           lean=r.lean_decode, num_cpus=d.worker_cpus, num_gpus=d.rollout_gpus,
+                           threads=cfg.train.threads or 1, faults=injected_faults(cfg, "rollout"))
+    served = copy.deepcopy(model) if r.one_step_off else model
+    return HFRolloutEngine(served, tokenizer, seed=seed, max_batch_size=r.max_batch_size, lean=r.lean_decode)
+
+
+def injected_faults(cfg: RunConfig, kind: str) -> dict[int, int]:
+    """``distributed.inject_faults`` entries ``KIND:WORKER:CALL`` of one kind, as {worker: call}."""
+    out = {}
+    for entry in cfg.distributed.inject_faults:
+        k, worker, call = str(entry).split(":")
+        if k == kind:
+            out[int(worker)] = int(call)
+    return out
 
 
 def load_data(cfg: RunConfig, seed: int) -> TaskData:

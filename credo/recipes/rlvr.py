@@ -14,6 +14,7 @@ method names.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -31,9 +32,11 @@ from credo.data import PromptSampler
 from credo.data.source import TaskData
 from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
 from credo.recipes.common import (
+    is_agent_run,
     load_data,
     prepare_run_dir,
     reward_runner,
+    rollout_engine,
     run_eval,
     sampling_params,
     save_final,
@@ -42,8 +45,6 @@ from credo.recipes.common import (
     warm_start_enabled,
     write_summary,
 )
-from credo.rewards import RewardRunner
-from credo.rollout import HFRolloutEngine
 from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
@@ -53,12 +54,12 @@ from credo.train.forward import ForwardOptions, batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.progress import StepProgress
-from credo.train.sampling import collect_rollouts
+from credo.train.sampling import Prefetch, Rollouts, collect_rollouts
 from credo.train.stats import Timer
 from credo.train.update import update_critic, update_policy
 from credo.distributed import LOCAL, DataParallel
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
-from credo.distributed.rollout import ShardedSampler, gather_rollouts
+from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
 from credo.types import SamplingParams, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,8 @@ class Parts:
 
     model: Any
     tokenizer: Any
-    engine: HFRolloutEngine
-    runner: RewardRunner
+    engine: Any  # a RolloutEngine (HFRolloutEngine, or credo.distributed's RolloutPool); None on Ray follower ranks
+    runner: Any  # RewardRunner / RewardPool; None for agent RL and on Ray follower ranks
     sampler: PromptSampler | ShardedSampler
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -96,12 +97,20 @@ class Parts:
     stage_samplers: list[PromptSampler] = field(default_factory=list)  # sequential agent training stages
     dp: DataParallel = LOCAL  # data-parallel split of the updates (credo.distributed)
     shard_rollouts: bool = False  # each rank generates its share of the prompts (credo.distributed.rollout)
+    agent: bool = False  # multi-turn agent RL: rewards from the environments
+    ray: bool = False  # distributed.backend=ray: engine and runner are Ray worker pools
+    leader_only: bool = False  # Ray mode with several ranks: rank 0 collects and broadcasts rollouts and evals
+    pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
 
 
 # ============================================================================ entry point
 
 def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) -> Path:
     """Run (or resume) RL training; returns the run directory."""
+    if cfg.distributed.backend == "ray":  # Ray places the ranks; each runs _train (credo.distributed.ray_launch)
+        from credo.distributed.ray_launch import train_on_ray
+
+        return train_on_ray(cfg, prepare_run_dir(cfg, run_dir, resume), resume, _train)
     dp = init_data_parallel(cfg)
     try:
         return _train(cfg, run_dir, resume, dp)
@@ -126,19 +135,26 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel)
     if not (cfg.agent.envs or cfg.agent.stages):
         data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
-    with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
-                                                           resume_step=_step_of(ckpt) if ckpt else None) as logger:
+    ray_mode = cfg.distributed.backend == "ray"
+    follower = ray_mode and dp.rank > 0  # Ray mode: rank 0 alone drives the rollout and reward pools
+    agent = is_agent_run(cfg, data)
+    with contextlib.ExitStack() as stack:
+        runner = None if follower else stack.enter_context(reward_runner(cfg, data))
+        logger = stack.enter_context(MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
+                                                   resume_step=_step_of(ckpt) if ckpt else None))
         optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
-        shard = dp.enabled and cfg.distributed.rollout == "shard" and runner is not None and not cfg.algo.filter_groups
+        shard = dp.enabled and not ray_mode and cfg.distributed.rollout == "shard" and not agent \
+            and not cfg.algo.filter_groups
+        engine = None
+        if not follower:  # sharded ranks sample different prompts with their own random streams
+            engine = rollout_engine(cfg, model, tokenizer, seed=cfg.seed + (1_000_003 * dp.rank if shard else 0))
+            stack.callback(engine.close)
         parts = Parts(
             model=model, tokenizer=tokenizer, runner=runner, data=data, logger=logger, optimizer=optimizer,
-            # sharded ranks sample different prompts with their own random streams (not the same draws per row)
-            engine=HFRolloutEngine(model, tokenizer, seed=cfg.seed + (1_000_003 * dp.rank if shard else 0),
-                                   max_batch_size=cfg.rollout.max_batch_size, lean=cfg.rollout.lean_decode),
-            sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
+            engine=engine, sampler=PromptSampler(data.train, seed=cfg.seed), scheduler=_scheduler(cfg, optimizer),
             shard_rollouts=shard,
             stage_samplers=[PromptSampler(exs, seed=cfg.seed + i) for i, exs in enumerate(data.stage_train)],
-            dp=dp,
+            dp=dp, agent=agent, ray=ray_mode, leader_only=ray_mode and dp.enabled,
         )
         if parts.shard_rollouts:
             parts.sampler = ShardedSampler(parts.sampler, dp)
@@ -156,7 +172,7 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
     state = RunState(bad_rows=len(parts.data.bad_rows))
     if warm_start_enabled(cfg, fresh):
         warm_start(cfg, parts.model, parts.tokenizer, parts.data, parts.logger)
-    state.start_eval = state.last_eval = run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=0)
+    state.start_eval = state.last_eval = evaluate_now(cfg, parts, run_dir, 0, force_sync=True)
     parts.logger.log(0, state.start_eval)
     if needs_reference(cfg):
         save_model(parts.model, parts.tokenizer, run_dir / "reference")
@@ -180,7 +196,7 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
             if eval_due(cfg, state.step):
                 timer = Timer()
                 with timer("eval"):
-                    state.last_eval = run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=state.step)
+                    state.last_eval = evaluate_now(cfg, parts, run_dir, state.step)
                 metrics.update(state.last_eval | timer.metrics())
             state.wall_s += time.perf_counter() - t0
             # the step's row is on disk before its checkpoint exists: a kill in between resumes from the older
@@ -201,19 +217,7 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
     timer = Timer()
     a, micro, temperature = cfg.algo, cfg.train.micro_batch_size, cfg.rollout.temperature
     with timer("step"):
-        if parts.runner is None:  # agent RL: multi-turn episodes, rewards from the environments
-            sampler = parts.stage_samplers[stage_of(cfg, step)] if parts.stage_samplers else parts.sampler
-            rollouts = collect_agent_rollouts(cfg, parts.engine, parts.tokenizer, sampler, step=step,
-                                              sampling=sampling_params(cfg), timer=timer)
-        else:
-            rollouts = collect_rollouts(
-                parts.engine, parts.runner, parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
-                group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
-                dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
-                overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
-            if parts.shard_rollouts:
-                with timer("gather"):
-                    rollouts = gather_rollouts(rollouts, parts.dp)
+        rollouts = step_rollouts(cfg, parts, step, timer)
         metrics = rollouts.metrics
         if not rollouts.trajs:  # every group was filtered out: nothing to learn from this step
             return metrics | timer.metrics() | {"train/skipped_step": 1}
@@ -229,10 +233,16 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                     temperature=temperature, stats=stats, opts=ForwardOptions.of(cfg))
                 batch.entropy = token_stats["entropy"]
             state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
+            # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 on-policy, the policy
+            # lag's effect in one-step-off mode
+            metrics["rollout/logprob_abs_diff"] = float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
+                                                                    batch.response_mask))
+            if cfg.rollout.one_step_off and cfg.rollout.off_policy_ratio == "behaviour":
+                batch.old_logprobs = batch.rollout_logprobs  # the PPO ratio against the policy that generated
         if parts.critic is not None:
             with timer("values"):
                 batch.values = batched_values(parts.critic, batch, micro_batch_size=micro)
-        rewards = batch.scores if parts.runner is not None else \
+        rewards = batch.scores if not parts.agent else \
             reward_tensor(cfg, batch.scores, rollouts.trajs, batch.responses.shape[1])  # agent reward placement
         rewards = apply_reference(cfg, parts, batch, metrics, timer, rewards)
         with timer("adv"):
@@ -252,12 +262,74 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                                              parts.scheduler, step=step, dp=parts.dp))
             if fused and "actor/entropy" in metrics:  # absent when every row had zero advantage (skipped)
                 state.entropy_history.append(metrics["actor/entropy"])
-    metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer))
+    metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step))
     every = cfg.log.rollouts_every
     if every and (step + 1) % every == 0:
         for row in rollout_records(batch, rollouts.trajs, rollouts.results, parts.tokenizer):
             parts.logger.log_record(step + 1, row, file="rollouts.jsonl")
     return metrics
+
+
+def step_rollouts(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Rollouts:
+    """This step's rollouts. The engine first serves the trainer's weights as policy ``step``. One-step-off
+    mode: the batch generated (by the previous policy) while the previous step updated, and the next batch starts
+    generating now, overlapping this step's update. Ray mode: rank 0 collects, the other ranks receive."""
+    def leader() -> Rollouts:
+        if not cfg.rollout.one_step_off:
+            sync_engine(parts, step)
+            return collect(cfg, parts, step, timer)
+        if parts.pending is None:  # the first step (no batch in flight yet)
+            sync_engine(parts, step)
+            parts.pending = Prefetch(done=collect(cfg, parts, step, timer))
+        rollouts = parts.pending.wait(timer)
+        sync_engine(parts, step)
+        more = step + 1 < cfg.train.steps
+        parts.pending = Prefetch(lambda t: collect(cfg, parts, step + 1, t)) if more else None
+        return rollouts
+
+    rollouts = from_leader(parts.dp, parts.leader_only, leader)
+    if parts.shard_rollouts:
+        with timer("gather"):
+            rollouts = gather_rollouts(rollouts, parts.dp)
+    return rollouts
+
+
+def collect(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Rollouts:
+    """Generate and score one batch: agent episodes, or single-turn groups (with group filtering)."""
+    a = cfg.algo
+    if parts.agent:  # multi-turn episodes, rewards from the environments
+        sampler = parts.stage_samplers[stage_of(cfg, step)] if parts.stage_samplers else parts.sampler
+        rollouts = collect_agent_rollouts(cfg, parts.engine, parts.tokenizer, sampler, step=step,
+                                          sampling=sampling_params(cfg), timer=timer)
+    else:
+        rollouts = collect_rollouts(
+            parts.engine, parts.runner, parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
+            group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
+            dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
+            overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
+    if parts.ray:  # workers replaced so far (their shares were re-queued)
+        rollouts.metrics["dist/rollout_restarts"] = parts.engine.restarts
+        if parts.runner is not None:
+            rollouts.metrics["dist/reward_restarts"] = parts.runner.restarts
+    return rollouts
+
+
+def sync_engine(parts: Parts, version: int, *, force: bool = False) -> None:
+    """The rollout engine serves the trainer's current weights as policy ``version`` (ships them to Ray rollout
+    workers; an in-process engine on the trainer's own module only takes the version)."""
+    if parts.engine is not None and (force or parts.engine.policy_version != version):
+        parts.engine.update_weights(parts.model, version=version)
+
+
+def evaluate_now(cfg: RunConfig, parts: Parts, run_dir: Path, step: int, *, force_sync: bool = False) -> dict:
+    """Held-out evaluation of the current policy (rank 0's, broadcast, in Ray mode)."""
+    def leader() -> dict:
+        if parts.pending is not None:  # the engine first finishes the batch in flight
+            parts.pending.wait()
+        sync_engine(parts, step, force=force_sync)
+        return run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=step)
+
+    return from_leader(parts.dp, parts.leader_only, leader)
 
 
 def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: dict, timer: Timer,
@@ -300,11 +372,16 @@ def greedy_baselines(cfg: RunConfig, parts: Parts, trajs, timer: Timer) -> torch
     first = {}
     for t in trajs:
         first.setdefault(t.group_id, t.example)
-    with timer("gen_baseline"):
+    def leader() -> list[float]:
+        if parts.pending is not None:  # one engine call at a time
+            parts.pending.wait()
         greedy = parts.engine.generate(list(first.values()), 1,
                                        SamplingParams(greedy=True, max_new_tokens=cfg.rollout.max_new_tokens))
-        scores = parts.runner.score([g.response_text for g in greedy], [g.example for g in greedy])
-    by_group = dict(zip(first, (s.score for s in scores)))
+        return [r.score for r in parts.runner.score([g.response_text for g in greedy], [g.example for g in greedy])]
+
+    with timer("gen_baseline"):
+        scores = from_leader(parts.dp, parts.leader_only, leader)
+    by_group = dict(zip(first, scores))
     return torch.tensor([by_group[t.group_id] for t in trajs], dtype=torch.float32)
 
 
@@ -315,7 +392,7 @@ def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], 
     t, a = cfg.train, cfg.algo
     return (t.old_logprob_pass == "auto" and t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
             and parts.ref_model is None and not {"entropy_direction", "entropy_history"} & set(adv_needs)
-            and a.top_entropy_quantile >= 1.0 and parts.critic is None)
+            and a.top_entropy_quantile >= 1.0 and parts.critic is None and not cfg.rollout.one_step_off)
 
 
 def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatch:
@@ -330,17 +407,17 @@ def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatc
     return dataclasses.replace(batch, response_mask=keep.float())
 
 
-def step_metrics(batch: TrainBatch, trajs, timer: Timer) -> dict[str, float]:
+def step_metrics(batch: TrainBatch, trajs, timer: Timer, *, step: int) -> dict[str, float]:
     n_resp = float(batch.response_mask.sum())
     n_total = n_resp + sum(len(t.prompt_ids) for t in trajs)
     out = {"advantages/abs_mean": float(masked_mean(batch.advantages.abs(), batch.response_mask)),
            "perf/tokens_per_s": n_total / max(timer.seconds["step"], 1e-9),
            "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp}
-    if batch.old_logprobs is not None:  # else the update reported both (old-log-prob pass fused into it)
+    versions = [t.policy_version for t in trajs]
+    out["rollout/policy_version"] = sum(versions) / len(versions)
+    out["rollout/policy_lag"] = step - min(versions)  # optimizer steps between the sampler's policy and the trainer's
+    if batch.old_logprobs is not None:  # else the update reported it (old-log-prob pass fused into it)
         out["actor/entropy"] = float(masked_mean(batch.entropy, batch.response_mask))
-        # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 unless they disagree
-        out["rollout/logprob_abs_diff"] = float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
-                                                            batch.response_mask))
     if batch.values is not None:
         out["critic/vf_explained_var"] = explained_variance(batch.returns, batch.values, batch.response_mask)
         out["critic/values_mean"] = float(masked_mean(batch.values, batch.response_mask))
@@ -394,9 +471,14 @@ def load_reference(cfg: RunConfig, run_dir: Path):
 
 
 def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
+    # one-step-off: the batch in flight is finished and saved (its prompts are drawn, its sampler state advanced),
+    # so a resumed run trains on it as the uninterrupted run would
+    pending = parts.pending.wait() if parts.pending is not None else None
     saved = {"run": copy.deepcopy(state.__dict__), "optimizer": parts.optimizer.state_dict(),
-             "scheduler": parts.scheduler.state_dict(), "rng": rng_state(), "engine": parts.engine.state_dict(),
-             "sampler": parts.sampler.state_dict(), "stage_samplers": [s.state_dict() for s in parts.stage_samplers]}
+             "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
+             "engine": parts.engine.state_dict() if parts.engine is not None else None,
+             "sampler": parts.sampler.state_dict(), "stage_samplers": [s.state_dict() for s in parts.stage_samplers],
+             "pending_rollouts": pending}
     if parts.critic is not None:
         saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
         saved["critic_scheduler"] = parts.critic_scheduler.state_dict()
@@ -407,7 +489,10 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
     saved = load_trainer_state(ckpt)
     parts.optimizer.load_state_dict(saved["optimizer"])
     parts.scheduler.load_state_dict(saved["scheduler"])
-    parts.engine.load_state_dict(saved["engine"])
+    if parts.engine is not None:
+        parts.engine.load_state_dict(saved["engine"])
+    if saved.get("pending_rollouts") is not None:
+        parts.pending = Prefetch(done=saved["pending_rollouts"])
     parts.sampler.load_state_dict(saved["sampler"])
     for sampler, st in zip(parts.stage_samplers, saved.get("stage_samplers", [])):
         sampler.load_state_dict(st)
@@ -417,7 +502,9 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
         parts.critic_scheduler.load_state_dict(saved["critic_scheduler"])
     set_rng_state(saved["rng"])
     log.info("resumed from %s (step %d)", ckpt, saved["run"]["step"])
-    return RunState(**saved["run"])
+    state = RunState(**saved["run"])
+    sync_engine(parts, state.step, force=True)  # remote rollout workers start from the checkpoint's weights
+    return state
 
 
 def _step_of(ckpt: Path) -> int:

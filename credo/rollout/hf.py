@@ -54,6 +54,13 @@ class HFRolloutEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
 
+    @property
+    def model_config(self) -> Any:
+        return self.model.config
+
+    def close(self) -> None:
+        """Nothing to release (the engine runs in this process); pools of remote engines release workers."""
+
     def update_weights(self, model: torch.nn.Module, *, version: int) -> None:
         """Serve ``model``'s weights from now on, as policy ``version`` (recorded on every trajectory). This engine
         samples from the trainer's own module, so only a different module's weights are copied."""

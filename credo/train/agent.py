@@ -89,7 +89,7 @@ def make_loop(cfg: RunConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop
     return AgentLoop(engine, tokenizer, make_template(cfg, tokenizer), max_turns=max_turns,
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
                      threads=a.threads, top_logprobs=top_logprobs, stop_sequences=action_stop_sequences(cfg, tokenizer),
-                     max_total_tokens=getattr(engine.model.config, "max_position_embeddings", None))
+                     max_total_tokens=getattr(engine.model_config, "max_position_embeddings", None))
 
 
 def step_horizon(cfg: RunConfig, step: int) -> int:
@@ -130,6 +130,7 @@ def collect_agent_rollouts(cfg: RunConfig, engine, tokenizer, sampler, *, step: 
         prompts = sampler.next_batch(cfg.train.prompts_per_step)
         trajs, results, branch_stats = run_episodes(cfg, loop, prompts, cfg.rollout.group_size, sampling,
                                                     branching=cfg.agent.branching, generator=engine.generator)
+    trajs = [dataclasses.replace(t, policy_version=engine.policy_version) for t in trajs]
     metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
     results = shape_rewards(results, trajs, turn_cost=cfg.agent.turn_cost,
                             invalid_action_cost=cfg.agent.invalid_action_cost)

@@ -12,9 +12,10 @@ import dataclasses
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from credo.rewards.shaping import overlong_penalty
-from credo.train.stats import rollout_metrics
+from credo.train.stats import Timer, rollout_metrics
 from credo.types import RewardResult, SamplingParams, Trajectory
 
 
@@ -64,6 +65,37 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
         metrics["reward/overlong_penalty_mean"] = sum(r.info.get("overlong_penalty", 0.0) for r in all_results) / len(
             all_results)
     return Rollouts(out_trajs, out_results, metrics)
+
+
+class Prefetch:
+    """A rollout collection running in a background thread (one-step-off-policy mode): ``fn(timer)`` starts at
+    construction; :meth:`wait` returns its rollouts and adds its stage times to the caller's timer."""
+
+    def __init__(self, fn: Callable[[Timer], Rollouts] | None = None, *, done: Rollouts | None = None) -> None:
+        self._timer = Timer()
+        self._result, self._error = done, None
+        self._thread = None
+        if fn is not None:
+            self._thread = threading.Thread(target=self._run, args=(fn,), name="credo-prefetch", daemon=True)
+            self._thread.start()
+
+    def _run(self, fn: Callable[[Timer], Rollouts]) -> None:
+        try:
+            self._result = fn(self._timer)
+        except BaseException as exc:  # re-raised in the consuming thread
+            self._error = exc
+
+    def wait(self, timer: Timer | None = None) -> Rollouts:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if timer is not None:
+            for name, seconds in self._timer.seconds.items():
+                timer.seconds[name] += seconds
+            self._timer = Timer()  # counted once
+        assert self._result is not None
+        return self._result
 
 
 class StreamingScorer:
