@@ -1,0 +1,79 @@
+"""docs/distributed.md's single-node recipe, run: `ray start --head`, then `credo train ... distributed.backend=ray`
+with 2 trainer ranks, 2 rollout workers and 2 reward workers, one of each kind of worker killed mid-step, against
+the same command in one process."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+COMMON = ["train.steps=3", "train.prompts_per_step=8", "rollout.group_size=4", "eval.every=0", "eval.size=8",
+          "checkpoint.every=0", "log.report=false", "log.tensorboard=false", "log.progress=false", "train.threads=1"]
+
+
+def _metrics(path: Path) -> list[dict]:
+    return [r for r in map(json.loads, open(path)) if "reward/mean" in r]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    """A one-node cluster started the way the docs start one; stopped afterwards."""
+    exe = shutil.which("ray")
+    if exe is None or shutil.which("credo") is None:
+        pytest.skip("the ray / credo console scripts are not on PATH")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = subprocess.run([exe, "start", "--head", f"--port={port}", "--num-cpus=8", "--include-dashboard=false",
+                            "--disable-usage-stats", f"--temp-dir={tmp_path / 'ray'}"], capture_output=True, text=True)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        yield "auto"
+    finally:
+        subprocess.run([exe, "stop", "--force"], capture_output=True)
+
+
+def test_ray_run_with_dying_workers_matches_the_single_process_run(tmp_path, ray_head):
+    """Rollout workers sample exactly what the single engine samples (per-row keyed draws), so rewards are equal;
+    the 2-rank update changes only the float summation order (losses, gradient norms, final weights to float
+    tolerance). Rollout worker 1 dies in the second step's generation and reward worker 0 in its third call;
+    both are replaced, their shares re-queued, and the restarts logged."""
+    credo = shutil.which("credo")
+    single = subprocess.run([credo, "train", *COMMON, f"output_dir={tmp_path}", "run_name=single"],
+                            capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-2000:]
+    dist = subprocess.run([credo, "train", *COMMON, f"output_dir={tmp_path}", "run_name=ray",
+                           "distributed.backend=ray", f"distributed.ray_address={ray_head}",
+                           "distributed.world_size=2", "distributed.rollout_workers=2", "distributed.reward_workers=2",
+                           "distributed.inject_faults=[rollout:1:4, reward:0:3]"],
+                          capture_output=True, text=True)
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    one, two, rank1 = (_metrics(tmp_path / p / "metrics.jsonl") for p in ("single", "ray", "ray/rank1"))
+    assert len(one) == len(two) == len(rank1) == 3
+    assert any(r.get("actor/grad_norm", 0) > 0 for r in one)  # the updates did something
+    for a, b, c in zip(one, two, rank1):
+        for key in ("reward/mean", "response_length/mean", "eval/greedy_acc"):
+            assert a.get(key) == b.get(key) == c.get(key), key
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4, abs=1e-6)
+        assert b.get("actor/pg_loss", 0.0) == pytest.approx(a.get("actor/pg_loss", 0.0), abs=1e-6)
+        assert b["actor/grad_norm"] == c["actor/grad_norm"]  # the ranks stepped the same summed gradient
+        assert b["rollout/policy_lag"] == 0  # the workers served the trainer's weights of each step
+    # a worker's generate calls: the step-0 evaluation's two (greedy, sampled), then one per step: its fourth call
+    # is the second step's generation
+    assert [r["dist/rollout_restarts"] for r in two] == [0, 1, 1]
+    assert two[-1]["dist/reward_restarts"] == 1
+    from safetensors.torch import load_file
+
+    w1, w2 = (load_file(next((tmp_path / p / "final").glob("*.safetensors"))) for p in ("single", "ray"))
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=name)
+    final = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert final["final/eval/greedy_acc"] == json.loads((tmp_path / "single" / "summary.json").read_text())[
+        "final/eval/greedy_acc"]
