@@ -1,13 +1,15 @@
-"""Rollout throughput with 1 vs N data-parallel ranks (torchrun, sharded rollouts), printed as a ratio.
+"""Rollout throughput with 1 vs N rollout workers (Ray) or ranks (torchrun), printed as a ratio.
 
-Runs the same `credo train` command (default demo task unless overridden) once in one process with N torch threads
-and once as `torchrun --nproc-per-node N` ranks with one thread each (`distributed.rollout=shard`), so both use the
-same cores. Per step it reads the rollout phase (generation + rewards + the ranks' exchange) from rank 0's
-metrics and reports sequences generated per second of rollout phase, median over the steps after warm-up.
-Ray-placed rollout workers are not implemented (docs/distributed.md); this measures the torchrun mode.
+``--mode ray`` (default): the same `credo train` command (default demo task unless overridden) with
+``distributed.backend=ray`` and 1, then N Ray rollout workers (one torch thread each, one trainer rank, one reward
+worker), and for reference 1 worker with N threads (the same cores as N workers). ``--mode torchrun``: one process
+with N threads against `torchrun --nproc-per-node N` ranks with one thread each (``distributed.rollout=shard``).
+Per step it reads the rollout phase (generation + rewards + the ranks' exchange) from rank 0's metrics and
+reports sequences generated per second of rollout phase, median over the steps after warm-up.
 
-    python benchmarks/scaling.py                  # 2 ranks vs 1 process, demo model
-    python benchmarks/scaling.py --ranks 2 train.prompts_per_step=32
+    python benchmarks/scaling.py                  # 2 Ray rollout workers vs 1, demo model
+    python benchmarks/scaling.py --mode torchrun  # 2 torchrun ranks vs 1 process
+    python benchmarks/scaling.py --workers 2 train.prompts_per_step=32
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ def rollout_rate(metrics: Path, sequences: int, warmup: int) -> tuple[float, lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--mode", choices=("ray", "torchrun"), default="ray")
+    ap.add_argument("--workers", "--ranks", type=int, default=2, dest="workers")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("overrides", nargs="*")
@@ -44,25 +47,40 @@ def main() -> None:
 
     cfg = load_config(None, list(args.overrides))
     sequences = cfg.train.prompts_per_step * cfg.rollout.group_size
+    n = args.workers
     with tempfile.TemporaryDirectory() as tmp:
         common = [f"train.steps={args.steps}", "eval.every=0", "eval.size=8", "checkpoint.every=0",
                   "checkpoint.save_final=false", "log.report=false", "log.tensorboard=false", "log.progress=false",
                   f"output_dir={tmp}", *args.overrides]
-        runs = {
-            "1 process": [credo, "train", *common, f"train.threads={args.ranks}", "run_name=one"],
-            f"{args.ranks} ranks": [torchrun, "--nproc-per-node", str(args.ranks), "--no-python", credo, "train",
-                                    *common, "train.threads=1", "run_name=dp", "distributed.backend=torchrun"],
-        }
+        if args.mode == "ray":
+            ray = [credo, "train", *common, "distributed.backend=ray", "distributed.reward_workers=1"]
+            runs = {
+                "1 worker": [*ray, "distributed.rollout_workers=1", "train.threads=1", "run_name=r1"],
+                f"{n} workers": [*ray, f"distributed.rollout_workers={n}", "train.threads=1", "run_name=rn"],
+                f"1 worker, {n} threads": [*ray, "distributed.rollout_workers=1", f"train.threads={n}",
+                                           "run_name=r1t"],
+            }
+            base, many = "1 worker", f"{n} workers"
+        else:
+            runs = {
+                "1 process": [credo, "train", *common, f"train.threads={n}", "run_name=one"],
+                f"{n} ranks": [torchrun, "--nproc-per-node", str(n), "--no-python", credo, "train", *common,
+                               "train.threads=1", "run_name=dp", "distributed.backend=torchrun"],
+            }
+            base, many = "1 process", f"{n} ranks"
         rates = {}
-        for (name, cmd), run in zip(runs.items(), ("one", "dp")):
+        for name, cmd in runs.items():
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+            run = next(a for a in cmd if a.startswith("run_name=")).split("=", 1)[1]
             rates[name], seconds = rollout_rate(Path(tmp) / run / "metrics.jsonl", sequences, args.warmup)
-            print(f"{name:<10} rollout phase median {statistics.median(seconds):.3f} s per step of {sequences} "
+            print(f"{name:<20} rollout phase median {statistics.median(seconds):.3f} s per step of {sequences} "
                   f"sequences -> {rates[name]:,.0f} sequences/s", flush=True)
-    one, many = rates["1 process"], rates[f"{args.ranks} ranks"]
-    print(f"rollout throughput, {args.ranks} ranks / 1 process: {many / one:.2f}x")
+    print(f"rollout throughput, {many} / {base}: {rates[many] / rates[base]:.2f}x")
+    for name in rates:
+        if name not in (base, many):
+            print(f"  ({name} / {base}: {rates[name] / rates[base]:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -136,8 +136,19 @@ def test_distributed_backend_errors_are_clear(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ValueError, match="torchrun --nproc-per-node"):
         init_data_parallel(load_config(None, ["distributed.backend=torchrun"]))
-    with pytest.raises(NotImplementedError, match="ray is not implemented"):
+    with pytest.raises(ValueError, match="ray_launch"):
         init_data_parallel(load_config(None, ["distributed.backend=ray"]))
+    from credo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="only used with distributed.backend=ray"):
+        load_config(None, ["distributed.world_size=2"])
+    for bad in ("rollout:1", "trainer:0:1", "reward:0:0", "reward:x:1"):
+        with pytest.raises(ConfigError, match="KIND:WORKER:CALL"):
+            load_config(None, ["distributed.backend=ray", f"distributed.inject_faults=[{bad}]"])
+    cfg = load_config(None, ["distributed.backend=ray", "distributed.inject_faults=[rollout:1:4, reward:0:3]"])
+    from credo.recipes.common import injected_faults
+
+    assert injected_faults(cfg, "rollout") == {1: 4} and injected_faults(cfg, "reward") == {0: 3}
     assert init_data_parallel(load_config(None, [])) is LOCAL
 
 

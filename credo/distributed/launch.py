@@ -15,8 +15,8 @@ def init_data_parallel(cfg) -> DataParallel:
     if d.backend == "none":
         return LOCAL
     if d.backend == "ray":
-        raise NotImplementedError("distributed.backend=ray is not implemented yet (Ray-placed rollout, reward and "
-                                  "trainer workers are open work); use distributed.backend=torchrun")
+        raise ValueError("distributed.backend=ray: the ranks are Ray actors whose process group "
+                         "credo.distributed.ray_launch sets up (credo train does it); not joined from here")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ValueError("distributed.backend=torchrun needs the torchrun environment (RANK, WORLD_SIZE, ...): "
                          "launch with `torchrun --nproc-per-node N --no-python credo train ...`")
