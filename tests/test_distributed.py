@@ -26,30 +26,36 @@ def _setup():
 
     modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype
     model, tok = _model64()
-    batch = _group_batch(tok)  # 9 rows: rank 0 runs 5, rank 1 runs 4
+    batch = _group_batch(tok)  # 9 rows: rank 0 holds 5, rank 1 holds 4
     batch.advantages = torch.randn(batch.responses.shape, dtype=F64,
                                    generator=torch.Generator().manual_seed(7)) * batch.response_mask
-    batch.advantages[[2, 3]] = 0.0  # skipped rows (one on each rank)
+    batch.advantages[[1, 3, 5]] = 0.0  # skipped rows, all on rank 1: it runs 1 micro-batch of 2, rank 0 runs 3
     return model, batch
 
 
-def _update(model, batch, mode: str, dp: DataParallel):
-    """One policy update with plain SGD at lr 1 and no clipping: parameters move by exactly minus the gradient."""
+def _update(model, batch, mode: str, dp: DataParallel, *, fsdp2: bool = False, overrides: tuple[str, ...] = ()):
+    """One policy update with plain SGD at lr 1 and no clipping: parameters move by exactly minus the gradient.
+    ``fsdp2``: the copy is sharded over the ranks first (the gradients compared are the gathered whole ones)."""
     from credo.config import load_config
+    from credo.distributed.fsdp import full_state_dict, shard_policy
     from credo.train.optim import build_scheduler
     from credo.train.update import update_policy
 
+    strategy = ["distributed.backend=torchrun", "distributed.strategy=fsdp2"] if fsdp2 else []
     cfg = load_config(None, [f"algo.agg={mode}", "train.micro_batch_size=2", "train.warmup_steps=0",
-                             "train.grad_clip=0"])
+                             "train.grad_clip=0", *strategy, *overrides])
     m = copy.deepcopy(model)
-    before = [p.detach().clone() for p in m.parameters()]
+    if fsdp2:
+        shard_policy(m, dp.world_size)
+    before = {k: v.clone() for k, v in full_state_dict(m).items()}
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
     metrics = update_policy(cfg, m, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0, dp=dp)
-    grads = [b - p.detach() for b, p in zip(before, m.parameters())]
+    after = full_state_dict(m)
+    grads = [before[k] - after[k] for k in before]
     return grads, metrics
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, init_file: str, out_dir: str, fsdp2: bool = False) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -57,16 +63,19 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     try:
         model, batch = _setup()
         for mode in AGG_MODES:
-            grads, metrics = _update(model, batch, mode, DataParallel(rank, world))
+            grads, metrics = _update(model, batch, mode, DataParallel(rank, world), fsdp2=fsdp2)
             if rank == 0:
                 torch.save({"grads": grads, "metrics": metrics}, os.path.join(out_dir, f"{mode}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def test_two_rank_update_equals_one_rank_for_every_aggregation_mode():
+@pytest.mark.parametrize("fsdp2", [False, True], ids=["ddp", "fsdp2"])
+def test_two_rank_update_equals_one_rank_for_every_aggregation_mode(fsdp2):
+    """DDP arithmetic (gradient all-reduce) and FSDP2 (sharded parameters, gradients reduce-scattered in the
+    backward, the ranks' backwards in lockstep: rank 1 has one micro-batch fewer) against one process."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(2, os.path.join(tmp, "init"), tmp), nprocs=2, join=True,
+        mp.start_processes(_worker, args=(2, os.path.join(tmp, "init"), tmp, fsdp2), nprocs=2, join=True,
                            start_method="spawn")
         model, batch = _setup()
         for mode in AGG_MODES:

@@ -7,6 +7,7 @@ import json
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,21 +24,24 @@ def _metrics(path: Path) -> list[dict]:
 
 
 @pytest.fixture
-def ray_head(tmp_path):
-    """A one-node cluster started the way the docs start one; stopped afterwards."""
+def ray_head():
+    """A one-node cluster started the way the docs start one; stopped afterwards. Its session directory is short
+    (a Unix socket path inside it may not exceed 107 bytes, which pytest's tmp_path can)."""
     exe = shutil.which("ray")
     if exe is None or shutil.which("credo") is None:
         pytest.skip("the ray / credo console scripts are not on PATH")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     start = subprocess.run([exe, "start", "--head", f"--port={port}", "--num-cpus=8", "--include-dashboard=false",
-                            "--disable-usage-stats", f"--temp-dir={tmp_path / 'ray'}"], capture_output=True, text=True)
+                            "--disable-usage-stats", f"--temp-dir={temp}"], capture_output=True, text=True)
     assert start.returncode == 0, start.stderr[-2000:]
     try:
         yield "auto"
     finally:
         subprocess.run([exe, "stop", "--force"], capture_output=True)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_ray_run_with_dying_workers_matches_the_single_process_run(tmp_path, ray_head):

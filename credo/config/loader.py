@@ -271,6 +271,8 @@ def validate_distributed(cfg: RunConfig) -> None:
                 or int(parts[2]) < 1:
             raise ConfigError(f"distributed.inject_faults: {entry!r} is not KIND:WORKER:CALL "
                               f"(KIND rollout or reward, CALL >= 1)")
+    if d.strategy == "fsdp2" and d.backend == "none":
+        raise ConfigError("distributed.strategy=fsdp2: needs several ranks (distributed.backend=torchrun or ray)")
     if d.backend != "ray" and (d.world_size > 1 or d.inject_faults):
         raise ConfigError("distributed.world_size / inject_faults: only used with distributed.backend=ray "
                           "(torchrun sets the world size with --nproc-per-node)")

@@ -244,6 +244,9 @@ class DistributedConfig:
                        "and the ranks exchange them; replicate = every rank generates the whole batch (same as one "
                        "process, token for token). Agent episodes and algo.filter_groups always replicate",
                        choices=("shard", "replicate"))
+    strategy: str = opt("ddp", "data-parallel training of the policy: ddp = every rank holds the whole model and "
+                        "the gradients are summed; fsdp2 = parameters, gradients and optimizer state sharded over the "
+                        "ranks (torch FSDP2; no shared-prompt forward, no resume yet)", choices=("ddp", "fsdp2"))
     world_size: int = opt(1, "ray mode: data-parallel trainer ranks (Ray actors joined by torch.distributed)", min=1)
     rollout_workers: int = opt(1, "ray mode: rollout engine actors, each with a policy copy synced after every "
                                "update", min=1)

@@ -11,7 +11,9 @@ the others.
 This is DDP's arithmetic (gradient all-reduce) without DDP's module wrapper: credo's forward calls the backbone
 and the output head separately (chunked log-probs), which DDP's reducer does not see, and a rank may have no
 rows to run (all its rows skipped, or fewer micro-batches than another), which DDP's per-backward hooks would
-turn into a hang. There is no compute / communication overlap yet, and no sharded (FSDP2) variant.
+turn into a hang. There is no compute / communication overlap. The sharded variant (``distributed.strategy=fsdp2``)
+is :mod:`credo.distributed.fsdp`; the same loop drives it through :meth:`DataParallel.lockstep` and
+:meth:`DataParallel.backward_factor`.
 
 ``LOCAL`` (one process) makes every method a no-op, so the update loops have one code path.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from credo.distributed.fsdp import is_sharded
 from credo.types import TrainBatch
 
 
@@ -45,9 +48,29 @@ class DataParallel:
             return batch
         return batch.select(torch.arange(self.rank, batch.batch_size, self.world_size))
 
-    def reduce_grads(self, model: torch.nn.Module) -> None:
-        """Sum every trainable parameter's gradient over the ranks (missing gradients count as zeros)."""
+    def lockstep(self, model: torch.nn.Module) -> bool:
+        """Whether every backward through ``model`` is a collective (sharded with FSDP2,
+        :mod:`credo.distributed.fsdp`): the ranks must then run the same number of backwards."""
+        return self.enabled and is_sharded(model)
+
+    def backward_factor(self, model: torch.nn.Module) -> float:
+        """What a rank's loss is multiplied by before the backward: FSDP2 averages gradients over the ranks, the
+        sum is wanted (each rank's loss is its share of the global loss)."""
+        return float(self.world_size) if self.lockstep(model) else 1.0
+
+    def max_over_ranks(self, n: int) -> int:
         if not self.enabled:
+            return n
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t)
+
+    def reduce_grads(self, model: torch.nn.Module) -> None:
+        """Sum every trainable parameter's gradient over the ranks (missing gradients count as zeros). A sharded
+        (FSDP2) model's gradients were reduce-scattered by its backward already."""
+        if not self.enabled or is_sharded(model):
             return
         import torch.distributed as dist
 

@@ -34,8 +34,10 @@ class ForwardOptions:
     @classmethod
     def of(cls, cfg) -> "ForwardOptions":
         t = cfg.train
+        # FSDP2: every rank must run the same modules in the same order (each unit's gather and reduce-scatter is
+        # a collective), which the shared-prompt forward (the backbone twice, only where prompts repeat) breaks
         return cls(chunk_size=t.logprob_chunk_size, pack=t.pack, row_tokens=t.pack_row_tokens,
-                   share_prompt=t.share_prompt)
+                   share_prompt=t.share_prompt and cfg.distributed.strategy != "fsdp2")
 
 
 NAIVE = ForwardOptions(chunk_size=0, pack=False)
@@ -127,12 +129,26 @@ def _scatter(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(valid.shape).index_put((rows, cols), values)
 
 
+def in_forward(model: torch.nn.Module, fn, *args):
+    """``fn(model, *args)``; for a policy sharded with FSDP2, inside its root's forward, which gathers the
+    parameters the backbone and the output head need (credo.distributed.fsdp)."""
+    from credo.distributed.fsdp import sharded_root
+
+    root = sharded_root(model)
+    return fn(model, *args) if root is None else root(fn, *args)
+
+
 def policy_logprobs(
     model: torch.nn.Module, batch: TrainBatch, *, temperature: float = 1.0, with_entropy: bool = False,
     opts: ForwardOptions = ForwardOptions(),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs (B, T), entropy (B, T) or None) of the batch's responses under ``model``; differentiable.
     Positions past a response's end are 0."""
+    return in_forward(model, _policy_logprobs, batch, temperature, with_entropy, opts)
+
+
+def _policy_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float, with_entropy: bool,
+                     opts: ForwardOptions) -> tuple[torch.Tensor, torch.Tensor | None]:
     if opts.chunk_size == 0 and not opts.pack:
         logits = response_logits(model, batch, temperature)
         labels = batch.responses.to(logits.device)
@@ -170,7 +186,7 @@ def batched_logprobs(
     try:
         for mb in micro_batches(batch, size=micro_batch_size, tokens=micro_batch_tokens):
             mb = trim(mb)
-            lp, st = _micro_stats(model, mb, temperature, stats, opts)
+            lp, st = in_forward(model, _micro_stats, mb, temperature, stats, opts)
             lps.append(_pad_to(lp.cpu(), width))
             for name in stats:
                 out[name].append(_pad_to(st[name].cpu(), width))

@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from credo.distributed.fsdp import plain_norm
+
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0,
                     betas: tuple[float, float] | list[float] = (0.9, 0.99)) -> torch.optim.AdamW:
@@ -44,7 +46,7 @@ def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     """Clip gradients, step (skipped when the norm is not finite), zero grads; returns the pre-clip norm."""
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+    norm = plain_norm(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
     if math.isfinite(norm):
         optimizer.step()
     scheduler.step()

@@ -75,13 +75,20 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
         local = dp.shard(mb)
         live = live_rows(local) if skip else torch.ones(local.batch_size, dtype=torch.bool)
         losses: dict[str, float] = {}
-        if bool(live.any()):
-            for micro in split_micro(cfg, local if bool(live.all()) else local.select(live.nonzero().flatten())):
-                loss, per_update, weighted = actor_loss(cfg, model, micro, norm, sft_norm)
-                loss.backward()
-                for k, v in per_update.items():
-                    losses[k] = losses.get(k, 0.0) + v
-                acc.add_weighted(weighted, weight=float(micro.response_mask.sum()))
+        micros = split_micro(cfg, local if bool(live.all()) else local.select(live.nonzero().flatten())) \
+            if bool(live.any()) else []
+        factor = dp.backward_factor(model)
+        # FSDP2: each backward is a collective, so a rank with fewer micro-batches runs zero-weighted ones along
+        rounds = dp.max_over_ranks(len(micros)) if dp.lockstep(model) else len(micros)
+        for i in range(rounds):
+            if i >= len(micros):
+                idle_backward(cfg, model, mb, norm, sft_norm)
+                continue
+            loss, per_update, weighted = actor_loss(cfg, model, micros[i], norm, sft_norm)
+            (loss * factor).backward()  # factor 1.0 (exact) unless FSDP2 averages the gradients
+            for k, v in per_update.items():
+                losses[k] = losses.get(k, 0.0) + v
+            acc.add_weighted(weighted, weight=float(micros[i].response_mask.sum()))
         zero_missing_grads(model)
         dp.reduce_grads(model)
         acc.add_per_update(dp.sum_scalars(losses))
@@ -90,6 +97,13 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
                             "actor/skipped_rows_frac": 1.0 - float(live.float().mean()) if len(live) else 1.0})
         acc.end_update()
     return acc.result()
+
+
+def idle_backward(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None) -> None:
+    """A zero-weighted forward and backward (of the mini-batch's first row): no gradient, but the same collectives
+    as a real micro-batch, for a sharded policy whose rank has run out of rows."""
+    loss, _, _ = actor_loss(cfg, model, trim(mb.select(torch.tensor([0]))), norm, sft_norm)
+    (loss * 0.0).backward()
 
 
 def zero_missing_grads(model) -> None:

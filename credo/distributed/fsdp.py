@@ -1,0 +1,83 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for the policy: ``distributed.strategy=fsdp2``.
+
+Parameters, gradients and optimizer state are sharded over the ranks (each decoder layer one FSDP unit, the
+embeddings / final norm / output head the root unit); a unit's full parameters exist only while it runs.
+Two things differ from wrapping the Hugging Face module as the root:
+
+- credo's forward calls the backbone and then the output head's weight (chunked log-probs), not the model's own
+  ``forward``, so the root is :class:`ShardedPolicy`, whose ``forward(fn, ...)`` runs ``fn(policy, ...)``: the root's
+  parameters are gathered around whatever credo computes (``credo.train.forward`` routes through it);
+- FSDP2 averages the gradients over the ranks, while each rank's loss is its share of the global loss (whose sum
+  is the gradient wanted), so the backward is scaled by ``world_size`` (:meth:`DataParallel.backward_factor`).
+
+Every backward is a collective (reduce-scatter), so the update loop runs the same number of micro-batch
+backwards on every rank (zero-weighted ones where a rank has fewer rows). Whole weights for the rollout engine and
+for checkpoints are gathered by :func:`full_state_dict`, a collective every rank calls.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+
+_ROOTS: "weakref.WeakKeyDictionary[torch.nn.Module, ShardedPolicy]" = weakref.WeakKeyDictionary()
+
+
+class ShardedPolicy(torch.nn.Module):
+    """The FSDP2 root around a policy: ``root(fn, *args)`` returns ``fn(policy, *args)`` with the root's
+    parameters gathered (and their gradients reduce-scattered in the backward)."""
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(self.policy, *args, **kwargs)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    layers = getattr(getattr(model, "base_model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"distributed.strategy=fsdp2: {type(model).__name__} has no base_model.layers to shard")
+    return list(layers)
+
+
+def shard_policy(model: torch.nn.Module, world_size: int) -> ShardedPolicy:
+    """Shard ``model`` in place over the default process group (its parameters become DTensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (world_size,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    root = ShardedPolicy(model)
+    fully_shard(root, mesh=mesh)
+    _ROOTS[model] = root
+    return root
+
+
+def sharded_root(model: torch.nn.Module) -> ShardedPolicy | None:
+    """The FSDP2 root of a policy sharded by :func:`shard_policy`, else None."""
+    return _ROOTS.get(model)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return model in _ROOTS
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole weights of a (possibly sharded) module, on every rank. A collective when sharded: every rank
+    calls it at the same point."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach()
+            for k, v in model.state_dict().items()}
+
+
+def plain_norm(norm: torch.Tensor) -> float:
+    """A gradient norm as a float (``clip_grad_norm_`` returns a replicated DTensor for sharded gradients)."""
+    from torch.distributed.tensor import DTensor
+
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
