@@ -23,7 +23,7 @@ def _metrics(path: Path) -> list[dict]:
     return [r for r in map(json.loads, open(path)) if "reward/mean" in r]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head():
     """A one-node cluster started the way the docs start one; stopped afterwards. Its session directory is short
     (a Unix socket path inside it may not exceed 107 bytes, which pytest's tmp_path can)."""
@@ -81,3 +81,28 @@ def test_ray_run_with_dying_workers_matches_the_single_process_run(tmp_path, ray
     final = json.loads((tmp_path / "ray" / "summary.json").read_text())
     assert final["final/eval/greedy_acc"] == json.loads((tmp_path / "single" / "summary.json").read_text())[
         "final/eval/greedy_acc"]
+
+
+def test_ray_fsdp2_one_step_off_run_matches_the_single_process_run(tmp_path, ray_head):
+    """FSDP2-sharded trainer ranks (the rollout workers get the gathered whole weights) in one-step-off mode: the
+    same rewards, policy lags and (to float tolerance) gradient norms and final weights as one process in
+    one-step-off mode."""
+    credo = shutil.which("credo")
+    common = [*COMMON, f"output_dir={tmp_path}", "rollout.one_step_off=true"]
+    single = subprocess.run([credo, "train", *common, "run_name=single"], capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-2000:]
+    dist = subprocess.run([credo, "train", *common, "run_name=ray", "distributed.backend=ray",
+                           f"distributed.ray_address={ray_head}", "distributed.world_size=2",
+                           "distributed.rollout_workers=2", "distributed.strategy=fsdp2"],
+                          capture_output=True, text=True)
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    one, two = (_metrics(tmp_path / p / "metrics.jsonl") for p in ("single", "ray"))
+    assert [r["rollout/policy_lag"] for r in two] == [0, 1, 1]
+    for a, b in zip(one, two):
+        assert a["reward/mean"] == b["reward/mean"] and a["rollout/policy_lag"] == b["rollout/policy_lag"]
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4, abs=1e-6)
+    from safetensors.torch import load_file
+
+    w1, w2 = (load_file(next((tmp_path / p / "final").glob("*.safetensors"))) for p in ("single", "ray"))
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=name)

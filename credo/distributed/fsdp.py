@@ -53,7 +53,9 @@ def shard_policy(model: torch.nn.Module, world_size: int) -> ShardedPolicy:
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     root = ShardedPolicy(model)
-    fully_shard(root, mesh=mesh)
+    # the root too gives its parameters back after the forward: a no-grad pass (old log-probs) has no backward
+    # that would reshard them, and the next step's clip / optimizer must see shards only
+    fully_shard(root, mesh=mesh, reshard_after_forward=True)
     _ROOTS[model] = root
     return root
 

@@ -219,10 +219,12 @@ class RolloutPool:
     def _prime(self, actor) -> None:
         _ray().get(actor.load_weights.remote(self._weights, self.policy_version))
 
-    def update_weights(self, model: torch.nn.Module, *, version: int) -> None:
-        """Every worker serves ``model``'s current weights as policy ``version`` once this returns."""
+    def update_weights(self, weights: torch.nn.Module | dict[str, torch.Tensor], *, version: int) -> None:
+        """Every worker serves ``weights`` (a module, or a state dict of whole weights) as policy ``version`` once
+        this returns."""
         ray = _ray()
-        self._weights = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
+        self._weights = ray.put({k: v.detach().cpu() for k, v in state.items()})
         self.policy_version = version
         self.workers.broadcast("load_weights", self._weights, version)
 

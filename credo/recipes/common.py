@@ -75,7 +75,8 @@ def reward_runner(cfg: RunConfig, data: TaskData):
 
 def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int):
     """The rollout engine: Ray rollout workers under ``distributed.backend=ray``, else an in-process engine (on a
-    copy of the policy in one-step-off mode, whose generation overlaps the update)."""
+    copy of the policy in one-step-off mode, whose generation overlaps the update, and for an FSDP2 policy, whose
+    own parameters are shards)."""
     r, d = cfg.rollout, cfg.distributed
     if d.backend == "ray":
         from credo.distributed.ray_pools import RolloutPool
@@ -83,7 +84,7 @@ def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int):
         return RolloutPool(model, tokenizer, workers=d.rollout_workers, seed=seed, max_batch_size=r.max_batch_size,
                            lean=r.lean_decode, num_cpus=d.worker_cpus, num_gpus=d.rollout_gpus,
                            threads=cfg.train.threads or 1, faults=injected_faults(cfg, "rollout"))
-    served = copy.deepcopy(model) if r.one_step_off else model
+    served = copy.deepcopy(model) if r.one_step_off or d.strategy == "fsdp2" else model
     return HFRolloutEngine(served, tokenizer, seed=seed, max_batch_size=r.max_batch_size, lean=r.lean_decode)
 
 

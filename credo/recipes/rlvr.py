@@ -58,6 +58,7 @@ from credo.train.sampling import Prefetch, Rollouts, collect_rollouts
 from credo.train.stats import Timer
 from credo.train.update import update_critic, update_policy
 from credo.distributed import LOCAL, DataParallel
+from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
 from credo.types import SamplingParams, TrainBatch
@@ -101,6 +102,8 @@ class Parts:
     ray: bool = False  # distributed.backend=ray: engine and runner are Ray worker pools
     leader_only: bool = False  # Ray mode with several ranks: rank 0 collects and broadcasts rollouts and evals
     pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
+    served_version: int = -1  # the policy version the rollout engine serves (sync_engine)
+    replica: Any = None  # FSDP2: an unsharded copy of the policy, loaded with the whole weights to save them
 
 
 # ============================================================================ entry point
@@ -130,6 +133,9 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel)
     ckpt = latest_checkpoint(run_dir) if resume else None
     if resume and ckpt is None:
         raise FileNotFoundError(f"no complete checkpoint in {run_dir}/checkpoints; start a new run instead")
+    if ckpt is not None and cfg.distributed.strategy == "fsdp2":
+        raise NotImplementedError("resuming a distributed.strategy=fsdp2 run is not implemented: its checkpoints "
+                                  "hold the whole weights but each rank's optimizer state is sharded")
     model, tokenizer, fresh = (load_model(ckpt / "model", cfg.model) + (False,)) if ckpt else \
         load_or_build(cfg.model, seed=cfg.seed)
     if not (cfg.agent.envs or cfg.agent.stages):
@@ -160,9 +166,12 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel)
             parts.sampler = ShardedSampler(parts.sampler, dp)
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, run_dir)
+        if cfg.distributed.strategy == "fsdp2":
+            shard_policy_of(cfg, parts)
         rl_loop(cfg, run_dir, state, parts)
-    save_final(cfg, run_dir, model, tokenizer)
-    write_summary(cfg, run_dir, model, start_eval=state.start_eval, last_eval=state.last_eval,
+        whole = plain_model(parts)
+    save_final(cfg, run_dir, whole, tokenizer)
+    write_summary(cfg, run_dir, whole, start_eval=state.start_eval, last_eval=state.last_eval,
                   extra={"steps": state.step, "train_wall_s": round(state.wall_s, 2), "data/bad_rows": state.bad_rows})
     return run_dir
 
@@ -204,7 +213,7 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
             parts.logger.log(state.step, metrics)
             if checkpoint_due(cfg, state.step):
                 t_ck = time.perf_counter()
-                save_checkpoint(run_dir, state.step, model=parts.model, tokenizer=parts.tokenizer,
+                save_checkpoint(run_dir, state.step, model=plain_model(parts), tokenizer=parts.tokenizer,
                                 keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts),
                                 critic=parts.critic)
                 parts.logger.log(state.step, {"timing_s/checkpoint": time.perf_counter() - t_ck},
@@ -274,17 +283,14 @@ def step_rollouts(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Roll
     """This step's rollouts. The engine first serves the trainer's weights as policy ``step``. One-step-off
     mode: the batch generated (by the previous policy) while the previous step updated, and the next batch starts
     generating now, overlapping this step's update. Ray mode: rank 0 collects, the other ranks receive."""
+    ready = parts.pending.wait(timer) if parts.pending is not None else None  # the engine is idle after this
+    parts.pending = None
+    sync_engine(parts, step)
+
     def leader() -> Rollouts:
-        if not cfg.rollout.one_step_off:
-            sync_engine(parts, step)
-            return collect(cfg, parts, step, timer)
-        if parts.pending is None:  # the first step (no batch in flight yet)
-            sync_engine(parts, step)
-            parts.pending = Prefetch(done=collect(cfg, parts, step, timer))
-        rollouts = parts.pending.wait(timer)
-        sync_engine(parts, step)
-        more = step + 1 < cfg.train.steps
-        parts.pending = Prefetch(lambda t: collect(cfg, parts, step + 1, t)) if more else None
+        rollouts = ready if ready is not None else collect(cfg, parts, step, timer)
+        if cfg.rollout.one_step_off and step + 1 < cfg.train.steps:
+            parts.pending = Prefetch(lambda t: collect(cfg, parts, step + 1, t))
         return rollouts
 
     rollouts = from_leader(parts.dp, parts.leader_only, leader)
@@ -315,21 +321,43 @@ def collect(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Rollouts:
 
 
 def sync_engine(parts: Parts, version: int, *, force: bool = False) -> None:
-    """The rollout engine serves the trainer's current weights as policy ``version`` (ships them to Ray rollout
-    workers; an in-process engine on the trainer's own module only takes the version)."""
-    if parts.engine is not None and (force or parts.engine.policy_version != version):
-        parts.engine.update_weights(parts.model, version=version)
+    """The rollout engine serves the trainer's current weights as policy ``version`` (shipped to Ray rollout
+    workers; an in-process engine on the trainer's own module only takes the version). Every rank calls it at the
+    same points: a sharded (FSDP2) policy's whole weights are gathered by all of them."""
+    if not force and parts.served_version == version:
+        return
+    weights = full_state_dict(parts.model) if is_sharded(parts.model) else parts.model
+    if parts.engine is not None:
+        parts.engine.update_weights(weights, version=version)
+    parts.served_version = version
 
 
 def evaluate_now(cfg: RunConfig, parts: Parts, run_dir: Path, step: int, *, force_sync: bool = False) -> dict:
     """Held-out evaluation of the current policy (rank 0's, broadcast, in Ray mode)."""
-    def leader() -> dict:
-        if parts.pending is not None:  # the engine first finishes the batch in flight
-            parts.pending.wait()
-        sync_engine(parts, step, force=force_sync)
-        return run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=step)
+    if parts.pending is not None:  # the engine first finishes the batch in flight
+        parts.pending.wait()
+    sync_engine(parts, step, force=force_sync)
+    return from_leader(parts.dp, parts.leader_only,
+                       lambda: run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=step))
 
-    return from_leader(parts.dp, parts.leader_only, leader)
+
+def plain_model(parts: Parts):
+    """The policy as one module with whole weights, for saving: the model itself, or for a sharded (FSDP2) policy
+    its replica loaded with the gathered weights (a collective: every rank calls it at the same point)."""
+    if not is_sharded(parts.model):
+        return parts.model
+    parts.replica.load_state_dict(full_state_dict(parts.model))
+    return parts.replica
+
+
+def shard_policy_of(cfg: RunConfig, parts: Parts) -> None:
+    """distributed.strategy=fsdp2: shard the policy over the ranks (after the warm start, the reference and the
+    critic were made from it whole); its optimizer is rebuilt on the shards."""
+    parts.replica = copy.deepcopy(parts.model)
+    shard_policy(parts.model, parts.dp.world_size)
+    parts.optimizer = build_optimizer(parts.model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
+                                      betas=cfg.train.betas)
+    parts.scheduler = _scheduler(cfg, parts.optimizer)
 
 
 def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: dict, timer: Timer,

@@ -61,11 +61,15 @@ class HFRolloutEngine:
     def close(self) -> None:
         """Nothing to release (the engine runs in this process); pools of remote engines release workers."""
 
-    def update_weights(self, model: torch.nn.Module, *, version: int) -> None:
-        """Serve ``model``'s weights from now on, as policy ``version`` (recorded on every trajectory). This engine
-        samples from the trainer's own module, so only a different module's weights are copied."""
-        if model is not self.model:
-            self.model.load_state_dict(model.state_dict())
+    def update_weights(self, weights: torch.nn.Module | dict[str, torch.Tensor], *, version: int) -> None:
+        """Serve ``weights`` (a module, or a state dict of whole weights) from now on, as policy ``version``
+        (recorded on every trajectory). This engine may sample from the trainer's own module: then only the version
+        changes."""
+        if isinstance(weights, torch.nn.Module):
+            if weights is not self.model:
+                self.model.load_state_dict(weights.state_dict())
+        else:
+            self.model.load_state_dict(weights)
         self.policy_version = version
 
     # -------------------------------------------------------------- token-level API (agent loops)
