@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"credo: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except (FileNotFoundError, FileExistsError, ValueError) as exc:
+    except (FileNotFoundError, FileExistsError, ValueError, NotImplementedError) as exc:
         print(f"credo: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -271,6 +271,9 @@ def validate_distributed(cfg: RunConfig) -> None:
                 or int(parts[2]) < 1:
             raise ConfigError(f"distributed.inject_faults: {entry!r} is not KIND:WORKER:CALL "
                               f"(KIND rollout or reward, CALL >= 1)")
+    if cfg.rollout.engine == "vllm" and d.backend == "ray":
+        raise ConfigError("rollout.engine=vllm: not implemented for Ray rollout workers yet (they run the hf "
+                          "engine); use distributed.backend=none or torchrun")
     if d.strategy == "fsdp2" and d.backend == "none":
         raise ConfigError("distributed.strategy=fsdp2: needs several ranks (distributed.backend=torchrun or ray)")
     if d.backend != "ray" and (d.world_size > 1 or d.inject_faults):

@@ -63,6 +63,11 @@ class RolloutConfig:
     max_batch_size: int = opt(256, "sequences per generation batch", min=1)
     lean_decode: bool = opt(True, "Llama / Qwen2 models: decode through credo's lean loop on a preallocated KV "
                             "cache (credo.rollout.lean) instead of transformers' generic forward")
+    engine: str = opt("hf", "hf = credo's engine on the policy's device; vllm = a vLLM engine (CUDA GPU and "
+                      "`pip install vllm`; not yet run in this project, docs/distributed.md)", choices=("hf", "vllm"))
+    vllm_gpu_memory_utilization: float = opt(0.4, "engine=vllm: share of the GPU's memory vLLM may take",
+                                             min=0.01, max=1.0)
+    vllm_dtype: str = opt("auto", "engine=vllm: vLLM's dtype (auto, bfloat16, float16, float32)")
     one_step_off: bool = opt(False, "asynchronous one-step-off-policy mode: step t+1's rollouts are generated "
                              "(by policy t) while step t's update runs; the lag is logged as rollout/policy_lag")
     off_policy_ratio: str = opt("behaviour", "one_step_off: the PPO ratio's denominator; behaviour = the sampler's "

@@ -84,6 +84,16 @@ def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int):
         return RolloutPool(model, tokenizer, workers=d.rollout_workers, seed=seed, max_batch_size=r.max_batch_size,
                            lean=r.lean_decode, num_cpus=d.worker_cpus, num_gpus=d.rollout_gpus,
                            threads=cfg.train.threads or 1, faults=injected_faults(cfg, "rollout"))
+    if r.engine == "vllm":
+        from credo.rollout.vllm_engine import VLLMRolloutEngine, VLLMUnavailable, vllm_available
+
+        if not vllm_available():
+            raise VLLMUnavailable("rollout.engine=vllm needs a CUDA GPU and vLLM (pip install vllm); "
+                               "use rollout.engine=hf on this machine")
+        kwargs = dict(seed=seed, gpu_memory_utilization=r.vllm_gpu_memory_utilization, dtype=r.vllm_dtype)
+        if cfg.model.path:
+            return VLLMRolloutEngine(cfg.model.path, tokenizer, **kwargs)
+        return VLLMRolloutEngine.from_model(model, tokenizer, **kwargs)
     served = copy.deepcopy(model) if r.one_step_off or d.strategy == "fsdp2" else model
     return HFRolloutEngine(served, tokenizer, seed=seed, max_batch_size=r.max_batch_size, lean=r.lean_decode)
 
