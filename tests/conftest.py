@@ -17,6 +17,27 @@ TINY_RUN = [
 ]
 
 
+def full_and_resumed_runs(tmp_path, monkeypatch, args: list[str], *, stop_at: int):
+    """`credo train ARGS` twice: uninterrupted into TMP/full, and into TMP/cut interrupted at the start of step
+    ``stop_at`` (KeyboardInterrupt) and then resumed with --resume. Returns the two run directories."""
+    import credo.recipes.rlvr as rlvr
+    from credo.cli.main import main
+
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "full"), *args]) == 0
+    real = rlvr.rl_step
+
+    def interrupted(cfg, parts, state, *, step):
+        if step == stop_at:
+            raise KeyboardInterrupt
+        return real(cfg, parts, state, step=step)
+
+    monkeypatch.setattr(rlvr, "rl_step", interrupted)
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "cut"), *args]) != 0
+    monkeypatch.setattr(rlvr, "rl_step", real)
+    assert main(["-q", "train", "--resume", str(tmp_path / "cut")]) == 0
+    return tmp_path / "full", tmp_path / "cut"
+
+
 @pytest.fixture
 def tiny_model():
     from credo.models import build_model

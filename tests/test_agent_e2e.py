@@ -17,7 +17,7 @@ from credo.envs.builtin import CalcEnv
 from credo.models.tokenizer import build_char_tokenizer
 from credo.rollout.agent_loop import plain_template
 from credo.train.metrics import read_metrics
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_RUN, full_and_resumed_runs
 from tests.env_util import JSONHandler, env_server
 
 LOCK = threading.Lock()
@@ -209,23 +209,10 @@ def test_env_faults_end_their_episodes_and_the_step_completes(tmp_path: Path, fa
 def test_interrupted_stepwise_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
     """ScalingInter-RL horizons [2, 3] switching after step 2, mixture of two envs, ARPO branching: a run
     interrupted after step 3 (checkpoint at step 2) and resumed logs exactly what an uninterrupted one does."""
-    import credo.recipes.rlvr as rlvr
-
     args = [*AGENT_RUN, "agent.envs=[calc, maze]", "agent.horizon_schedule=stepwise", "agent.horizon_rounds=[2, 3]",
             "agent.horizon_period=2", "agent.branching=arpo", "agent.branch_args={branch_on: any}", "train.steps=5",
             "checkpoint.every=2", "eval.every=2", "task.eval_size=2"]
-    assert main(["-q", "train", "--run-dir", str(tmp_path / "full"), *args]) == 0
-    real = rlvr.rl_step
-
-    def interrupted(cfg, parts, state, *, step):
-        if step == 3:
-            raise KeyboardInterrupt
-        return real(cfg, parts, state, step=step)
-
-    monkeypatch.setattr(rlvr, "rl_step", interrupted)
-    assert main(["-q", "train", "--run-dir", str(tmp_path / "cut"), *args]) != 0
-    monkeypatch.setattr(rlvr, "rl_step", real)
-    assert main(["-q", "train", "--resume", str(tmp_path / "cut")]) == 0
+    full_and_resumed_runs(tmp_path, monkeypatch, args, stop_at=3)
     volatile = ("timing_s/", "perf/")
     a, b = ([{k: v for k, v in r.items() if not k.startswith(volatile)} for r in read_metrics(tmp_path / d /
                                                                                               "metrics.jsonl")]

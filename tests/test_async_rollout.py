@@ -10,7 +10,7 @@ from credo.cli.main import main
 from credo.train.metrics import read_metrics
 from credo.train.sampling import Prefetch, Rollouts
 from credo.train.stats import Timer
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_RUN, full_and_resumed_runs
 
 RUN = [*TINY_RUN, "log.report=false", "log.tensorboard=false", "reward.name=tests.reward_fixtures:length_score",
        "rollout.one_step_off=true"]
@@ -44,21 +44,8 @@ def test_one_step_off_trains_on_the_previous_policys_samples_with_behaviour_rati
 def test_interrupted_one_step_off_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
     """The batch in flight at a checkpoint is saved with it: interrupted after step 3 (checkpoint at step 2) and
     resumed, the run logs exactly what an uninterrupted one does."""
-    import credo.recipes.rlvr as rlvr
-
-    args = [*RUN, "train.steps=5", "checkpoint.every=2", "eval.every=2"]
-    assert main(["-q", "train", "--run-dir", str(tmp_path / "full"), *args]) == 0
-    real = rlvr.rl_step
-
-    def interrupted(cfg, parts, state, *, step):
-        if step == 3:
-            raise KeyboardInterrupt
-        return real(cfg, parts, state, step=step)
-
-    monkeypatch.setattr(rlvr, "rl_step", interrupted)
-    assert main(["-q", "train", "--run-dir", str(tmp_path / "cut"), *args]) != 0
-    monkeypatch.setattr(rlvr, "rl_step", real)
-    assert main(["-q", "train", "--resume", str(tmp_path / "cut")]) == 0
+    full_and_resumed_runs(tmp_path, monkeypatch, [*RUN, "train.steps=5", "checkpoint.every=2", "eval.every=2"],
+                          stop_at=3)
     full, cut = _rows(tmp_path / "full"), _rows(tmp_path / "cut")
     assert len(full) == 5 and [r["rollout/policy_lag"] for r in full] == [0, 1, 1, 1, 1]
     assert full == cut

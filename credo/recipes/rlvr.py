@@ -400,6 +400,7 @@ def greedy_baselines(cfg: RunConfig, parts: Parts, trajs, timer: Timer) -> torch
     first = {}
     for t in trajs:
         first.setdefault(t.group_id, t.example)
+
     def leader() -> list[float]:
         if parts.pending is not None:  # one engine call at a time
             parts.pending.wait()
