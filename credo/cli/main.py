@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-sft-<time>)")
     p.set_defaults(func=cmd_sft)
 
+    p = sub.add_parser("rm", help="reward models: train an outcome reward model (Bradley-Terry) or CRM's pair")
+    rm_sub = p.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
+    q = rm_sub.add_parser("train", help="train on rm.train_file pairs or pairs generated from task (rm.* settings)")
+    _config_args(q)
+    q.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-rm-<method>-<time>)")
+    q.set_defaults(func=cmd_rm_train)
+
     p = sub.add_parser("eval", help="held-out greedy accuracy and avg@k of a model or run")
     p.add_argument("target", help="a run directory (uses its config and final model) or a Hugging Face model dir")
     _config_args(p)
@@ -122,6 +129,15 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------- commands
+
+def cmd_rm_train(args: argparse.Namespace) -> int:
+    from credo.recipes.reward_model import rm_train
+
+    run_dir = rm_train(load_config(args.config, args.overrides), run_dir=Path(args.run_dir) if args.run_dir else None)
+    print(f"run directory: {run_dir}")
+    print((run_dir / "summary.json").read_text().strip())
+    return 0
+
 
 def cmd_train(args: argparse.Namespace) -> int:
     from credo.recipes.rlvr import train

@@ -1,0 +1,97 @@
+"""``credo rm train``: train an outcome reward model (Bradley-Terry) or CRM's pair of peer-reviewing models.
+
+    pairs        = load_pairs(rm.train_file) or generate_pairs(task, noise=rm.noise)   # credo.data.preferences
+    policy       = load_or_build(model); SFT warm start on the task (generated pairs only)
+    rm           = ValueModel.from_policy(policy)                                       # backbone + scalar head
+    train_bt(rm, ...) | train_crm((rm_a, rm_b), ...)                                    # credo.train.reward_model
+    held-out pairwise accuracy every rm.eval_every steps -> metrics.jsonl; RUN_DIR/reward_model (+ _b); summary
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from credo.config import RunConfig
+from credo.data.preferences import PreferencePair, generate_pairs, load_pairs
+from credo.models import ValueModel, load_or_build
+from credo.data.source import load_task_data
+from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
+from credo.train.metrics import MetricsLogger
+from credo.train.progress import StepProgress
+from credo.train.reward_model import pairwise_accuracy, train_bt, train_crm
+
+log = logging.getLogger(__name__)
+
+
+def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
+    r = cfg.rm
+    if run_dir is None and cfg.run_name is None:
+        cfg.run_name = f"{cfg.task.name}-rm-{r.method}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = prepare_run_dir(cfg, run_dir, resume=False)
+    seed_everything(cfg.seed, cfg.train.threads)
+    train, held_out, bad = preference_data(cfg)
+    policy, tokenizer, fresh = load_or_build(cfg.model, seed=cfg.seed)
+    if r.train_file is None and warm_start_enabled(cfg, fresh):  # generated pairs: the backbone first learns the task
+        with MetricsLogger(run_dir, tensorboard=False) as logger:
+            warm_start(cfg, policy, tokenizer, load_task_data(cfg.task, seed=cfg.seed), logger)
+    models = [ValueModel.from_policy(policy)]
+    if r.method == "crm":
+        torch.manual_seed(cfg.seed + 1)  # the peer starts from the same backbone and a differently drawn order
+        models.append(ValueModel.from_policy(policy))
+    log.info("reward model (%s): %d training pairs (%d flipped), %d held out", r.method, len(train),
+             sum(p.flipped for p in train), len(held_out))
+    summary: dict[str, float] = {}
+    with MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger, \
+            StepProgress(f"reward model ({r.method})", r.steps, enabled=cfg.log.progress,
+                         print_every=cfg.log.print_every) as bar:
+        def evaluate() -> dict[str, float]:  # a tie (equal scores) counts as wrong
+            return {f"eval/pairwise_acc{'' if i == 0 else '_b'}":
+                    pairwise_accuracy(m, tokenizer, held_out, pooling=r.pooling) for i, m in enumerate(models)}
+
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            if r.eval_every and step % r.eval_every == 0 and step < r.steps:
+                metrics = metrics | evaluate()
+            logger.log(step, metrics)
+            bar.update(step, metrics)
+
+        start = evaluate()
+        logger.log(0, start)
+        summary |= {f"start/{k}": v for k, v in start.items()}
+        common = dict(steps=r.steps, batch_size=r.batch_size, lr=r.lr, margin=r.margin, seed=cfg.seed,
+                      grad_clip=cfg.train.grad_clip, pooling=r.pooling, on_step=on_step)
+        if r.method == "crm":
+            train_crm((models[0], models[1]), tokenizer, train, keep_final=r.keep_ratio, keep_warmup=r.keep_warmup,
+                      curriculum=r.curriculum, **common)
+        else:
+            train_bt(models[0], tokenizer, train, **common)
+        final = evaluate()
+        logger.log(r.steps, final)
+        summary |= {f"final/{k}": v for k, v in final.items()}
+    for i, m in enumerate(models):
+        m.save(run_dir / ("reward_model" if i == 0 else "reward_model_b"))
+    tokenizer.save_pretrained(run_dir / "reward_model")
+    summary |= {"train_pairs": len(train), "flipped_pairs": sum(p.flipped for p in train),
+                "eval_pairs": len(held_out), "data/bad_rows": len(bad)}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return run_dir
+
+
+def preference_data(cfg: RunConfig) -> tuple[list[PreferencePair], list[PreferencePair], list]:
+    """(training pairs, held-out pairs, bad rows): from ``rm.train_file`` / ``rm.eval_file`` or generated."""
+    r = cfg.rm
+    if r.train_file is None:
+        train, held_out = generate_pairs(cfg.task.name, cfg.task.params, train_size=r.pairs,
+                                         eval_size=r.eval_pairs, seed=cfg.seed, noise=r.noise)
+        return train, held_out, []
+    train, bad = load_pairs(r.train_file)
+    if r.eval_file is not None:
+        held_out, bad_eval = load_pairs(r.eval_file)
+        return train, held_out, bad + bad_eval
+    shuffled = random.Random(cfg.seed).sample(train, len(train))
+    n_eval = max(1, len(train) // 10)
+    return shuffled[n_eval:], shuffled[:n_eval], bad

@@ -1,0 +1,134 @@
+"""Reward-model training: an outcome reward model (ORM) with the Bradley-Terry loss, and CRM's two peer-reviewing
+models. The model is :class:`credo.models.ValueModel` (a causal-LM backbone with a scalar head); a response's
+reward is the head's output at its last token (EOS). Losses: :mod:`credo.algo.reward_model`.
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import torch
+
+from credo.algo.reward_model import (bradley_terry_loss, curriculum_order, keep_ratio_schedule, peer_select)
+from credo.data.preferences import PreferencePair
+from credo.models import ValueModel
+from credo.models.tokenizer import encode_prompt, encode_response
+from credo.train.batch import collate
+from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
+from credo.types import Example, RewardResult, TrainBatch, Trajectory
+
+OnStep = Callable[[int, dict[str, float]], None]
+
+
+def response_batch(tokenizer, prompts: list[str], responses: list[str]) -> TrainBatch:
+    """Prompt + response (+ EOS) rows in credo's batch layout."""
+    trajs = []
+    for prompt, text in zip(prompts, responses):
+        resp = encode_response(tokenizer, text)
+        trajs.append(Trajectory(example=Example(prompt, ""), group_id=0, prompt_ids=encode_prompt(tokenizer, prompt),
+                                response_ids=resp, rollout_logprobs=[0.0] * len(resp), response_mask=[1] * len(resp),
+                                finish_reason="eos"))
+    return collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tokenizer.pad_token_id)
+
+
+def rm_scores(rm: ValueModel, batch: TrainBatch, pooling: str = "last") -> torch.Tensor:
+    """(B,) a response's reward: the head's output at its last token (``last``, the usual ORM) or the mean of
+    the head's outputs over its tokens (``mean``: every response token is judged where it is read)."""
+    device = next(rm.parameters()).device
+    attn = batch.attention_mask.to(device)
+    values = rm(batch.input_ids.to(device), attn, batch.position_ids.to(device))  # (B, L)
+    if pooling == "mean":
+        p, t = batch.prompt_len, batch.responses.shape[1]
+        mask = batch.response_mask.to(device)  # (B, T): response token t sits at column P + t
+        return (values[:, p : p + t] * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    last = attn.shape[1] - 1 - attn.flip(-1).argmax(-1)  # (B,) index of the last 1
+    return values.gather(1, last.unsqueeze(1)).squeeze(1)
+
+
+def pair_scores(rm: ValueModel, tokenizer, pairs: list[PreferencePair],
+                pooling: str = "last") -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen scores (B,), rejected scores (B,)), one forward over the 2B rows."""
+    prompts = [p.prompt for p in pairs]
+    scores = rm_scores(rm, response_batch(tokenizer, prompts * 2, [p.chosen for p in pairs] +
+                                          [p.rejected for p in pairs]), pooling)
+    return scores[: len(pairs)], scores[len(pairs):]
+
+
+@torch.no_grad()
+def margins(rm: ValueModel, tokenizer, pairs: list[PreferencePair], batch_size: int = 64,
+            pooling: str = "last") -> torch.Tensor:
+    """(N,) r(chosen) - r(rejected) of every pair."""
+    was = rm.training
+    rm.eval()
+    out = []
+    for i in range(0, len(pairs), batch_size):
+        c, r = pair_scores(rm, tokenizer, pairs[i : i + batch_size], pooling)
+        out.append((c - r).cpu())
+    rm.train(was)
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def pairwise_accuracy(rm: ValueModel, tokenizer, pairs: list[PreferencePair], batch_size: int = 64,
+                      pooling: str = "last") -> float:
+    """Share of pairs whose chosen response scores higher (a tie counts as wrong)."""
+    if not pairs:
+        return float("nan")
+    return float((margins(rm, tokenizer, pairs, batch_size, pooling) > 0).float().mean())
+
+
+def train_bt(rm: ValueModel, tokenizer, pairs: list[PreferencePair], *, steps: int, batch_size: int, lr: float,
+             margin: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, seed: int = 0,
+             pooling: str = "last", on_step: OnStep | None = None) -> None:
+    """Bradley-Terry training on random mini-batches of ``pairs``."""
+    rng = random.Random(f"credo/rm/{seed}")
+    opt = build_optimizer(rm, lr=lr)
+    sched = build_scheduler(opt, warmup_steps=warmup_steps, total_steps=steps)
+    rm.train()
+    for step in range(steps):
+        batch = rng.sample(pairs, min(batch_size, len(pairs)))
+        chosen, rejected = pair_scores(rm, tokenizer, batch, pooling)
+        loss, metrics = bradley_terry_loss(chosen, rejected, margin=margin)
+        loss.backward()
+        metrics |= {"rm/loss": float(loss.detach()), "rm/lr": sched.get_last_lr()[0],
+                    "rm/grad_norm": clip_and_step(rm, opt, sched, grad_clip)}
+        if on_step is not None:
+            on_step(step + 1, metrics)
+
+
+def train_crm(rms: tuple[ValueModel, ValueModel], tokenizer, pairs: list[PreferencePair], *, steps: int,
+              batch_size: int, lr: float, keep_final: float, keep_warmup: float, curriculum: bool = True,
+              margin: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, seed: int = 0,
+              pooling: str = "last", on_step: OnStep | None = None) -> None:
+    """CRM: each model trains on the pairs its peer's margins rank highest in the shared mini-batch (module
+    docstring of :mod:`credo.algo.reward_model`). With ``curriculum`` the pairs are re-ordered easy to hard by the
+    two models' mean margin at the start of every pass over the data; otherwise they are shuffled."""
+    rng = random.Random(f"credo/crm/{seed}")
+    opts = [build_optimizer(m, lr=lr) for m in rms]
+    scheds = [build_scheduler(o, warmup_steps=warmup_steps, total_steps=steps) for o in opts]
+    order: list[int] = []
+    for m in rms:
+        m.train()
+    for step in range(steps):
+        if len(order) < batch_size:  # a new pass over the data
+            if curriculum:
+                order = curriculum_order(*(margins(m, tokenizer, pairs, pooling=pooling) for m in rms)).tolist()
+            else:
+                order = rng.sample(range(len(pairs)), len(pairs))
+        idx, order = order[:batch_size], order[batch_size:]
+        batch = [pairs[i] for i in idx]
+        scored = [pair_scores(m, tokenizer, batch, pooling) for m in rms]  # [(chosen, rejected)] per model
+        ratio = keep_ratio_schedule(step, steps, final=keep_final, warmup=keep_warmup)
+        metrics: dict[str, float] = {"crm/keep_ratio": ratio}
+        noisy = torch.tensor([p.flipped for p in batch])
+        for k, (m, opt, sched) in enumerate(zip(rms, opts, scheds)):
+            peer_c, peer_r = scored[1 - k]
+            keep = peer_select(peer_c - peer_r, ratio)  # the peer reviews this model's batch
+            loss, mm = bradley_terry_loss(*scored[k], margin=margin, weights=keep.float())
+            loss.backward()
+            name = "ab"[k]
+            metrics |= {f"crm/loss_{name}": float(loss.detach()), f"crm/accuracy_{name}": mm["rm/accuracy"],
+                        f"crm/grad_norm_{name}": clip_and_step(m, opt, sched, grad_clip)}
+            if bool(noisy.any()) and bool((~keep).any()):  # share of the dropped pairs that were flipped labels
+                metrics[f"crm/dropped_noisy_frac_{name}"] = float(noisy[~keep].float().mean())
+        if on_step is not None:
+            on_step(step + 1, metrics)
