@@ -103,7 +103,8 @@ def test_rm_train_cli_writes_models_metrics_and_summary(tmp_path, method):
     assert [r["step"] for r in rows if "eval/pairwise_acc" in r] == [0, 3, 6]
     ValueModel.load(run / "reward_model")  # loads back
     if method == "crm":
-        assert (run / "reward_model_b" / "value_head.safetensors").is_file()
+        heads = [ValueModel.load(run / d).value_head.weight for d in ("reward_model", "reward_model_b")]
+        assert not torch.equal(*heads)  # the peers differ (identical peers would make the review a no-op)
         assert "final/eval/pairwise_acc_b" in summary
         assert any("crm/dropped_noisy_frac_a" in r for r in rows)  # the filter's precision is measured
         assert [r["crm/keep_ratio"] for r in rows if "crm/keep_ratio" in r][-1] < 1.0

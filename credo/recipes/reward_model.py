@@ -40,9 +40,11 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
         with MetricsLogger(run_dir, tensorboard=False) as logger:
             warm_start(cfg, policy, tokenizer, load_task_data(cfg.task, seed=cfg.seed), logger)
     models = [ValueModel.from_policy(policy)]
-    if r.method == "crm":
-        torch.manual_seed(cfg.seed + 1)  # the peer starts from the same backbone and a differently drawn order
+    if r.method == "crm":  # two peers from the same backbone, their heads drawn apart so that they can disagree
         models.append(ValueModel.from_policy(policy))
+        for i, m in enumerate(models):
+            with torch.no_grad():
+                m.value_head.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(cfg.seed * 1009 + i))
     log.info("reward model (%s): %d training pairs (%d flipped), %d held out", r.method, len(train),
              sum(p.flipped for p in train), len(held_out))
     summary: dict[str, float] = {}

@@ -99,35 +99,39 @@ def train_crm(rms: tuple[ValueModel, ValueModel], tokenizer, pairs: list[Prefere
               batch_size: int, lr: float, keep_final: float, keep_warmup: float, curriculum: bool = True,
               margin: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, seed: int = 0,
               pooling: str = "last", on_step: OnStep | None = None) -> None:
-    """CRM: each model trains on the pairs its peer's margins rank highest in the shared mini-batch (module
-    docstring of :mod:`credo.algo.reward_model`). With ``curriculum`` the pairs are re-ordered easy to hard by the
-    two models' mean margin at the start of every pass over the data; otherwise they are shuffled."""
-    rng = random.Random(f"credo/crm/{seed}")
+    """CRM: each model draws its own mini-batch; its peer scores that batch (no gradient) and the model trains on
+    the pairs the peer's margins rank highest (module docstring of :mod:`credo.algo.reward_model`). With
+    ``curriculum`` both walk the pairs easy to hard by the two models' mean margin, recomputed at the start of every
+    pass over the data (the models then differ by their heads' initialisation and their selections); otherwise
+    each model shuffles the pairs with its own stream."""
+    rngs = [random.Random(f"credo/crm/{seed}/{k}") for k in range(2)]
     opts = [build_optimizer(m, lr=lr) for m in rms]
     scheds = [build_scheduler(o, warmup_steps=warmup_steps, total_steps=steps) for o in opts]
-    order: list[int] = []
+    orders: list[list[int]] = [[], []]
     for m in rms:
         m.train()
     for step in range(steps):
-        if len(order) < batch_size:  # a new pass over the data
+        if len(orders[0]) < batch_size:  # a new pass over the data (both models pass at the same steps)
             if curriculum:
-                order = curriculum_order(*(margins(m, tokenizer, pairs, pooling=pooling) for m in rms)).tolist()
+                shared = curriculum_order(*(margins(m, tokenizer, pairs, pooling=pooling) for m in rms)).tolist()
+                orders = [list(shared), list(shared)]
             else:
-                order = rng.sample(range(len(pairs)), len(pairs))
-        idx, order = order[:batch_size], order[batch_size:]
-        batch = [pairs[i] for i in idx]
-        scored = [pair_scores(m, tokenizer, batch, pooling) for m in rms]  # [(chosen, rejected)] per model
+                orders = [r.sample(range(len(pairs)), len(pairs)) for r in rngs]
         ratio = keep_ratio_schedule(step, steps, final=keep_final, warmup=keep_warmup)
         metrics: dict[str, float] = {"crm/keep_ratio": ratio}
-        noisy = torch.tensor([p.flipped for p in batch])
         for k, (m, opt, sched) in enumerate(zip(rms, opts, scheds)):
-            peer_c, peer_r = scored[1 - k]
-            keep = peer_select(peer_c - peer_r, ratio)  # the peer reviews this model's batch
-            loss, mm = bradley_terry_loss(*scored[k], margin=margin, weights=keep.float())
+            idx, orders[k] = orders[k][:batch_size], orders[k][batch_size:]
+            batch = [pairs[i] for i in idx]
+            with torch.no_grad():  # the peer reviews this model's batch
+                peer_c, peer_r = pair_scores(rms[1 - k], tokenizer, batch, pooling)
+            keep = peer_select(peer_c - peer_r, ratio)
+            loss, mm = bradley_terry_loss(*pair_scores(m, tokenizer, batch, pooling), margin=margin,
+                                          weights=keep.float())
             loss.backward()
             name = "ab"[k]
             metrics |= {f"crm/loss_{name}": float(loss.detach()), f"crm/accuracy_{name}": mm["rm/accuracy"],
                         f"crm/grad_norm_{name}": clip_and_step(m, opt, sched, grad_clip)}
+            noisy = torch.tensor([p.flipped for p in batch])
             if bool(noisy.any()) and bool((~keep).any()):  # share of the dropped pairs that were flipped labels
                 metrics[f"crm/dropped_noisy_frac_{name}"] = float(noisy[~keep].float().mean())
         if on_step is not None:
