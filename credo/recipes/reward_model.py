@@ -18,8 +18,8 @@ import torch
 
 from credo.config import RunConfig
 from credo.data.preferences import PreferencePair, generate_pairs, load_pairs
-from credo.models import ValueModel, load_or_build
 from credo.data.source import load_task_data
+from credo.models import ValueModel, load_or_build
 from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.train.metrics import MetricsLogger
 from credo.train.progress import StepProgress

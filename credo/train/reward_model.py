@@ -1,6 +1,7 @@
 """Reward-model training: an outcome reward model (ORM) with the Bradley-Terry loss, and CRM's two peer-reviewing
 models. The model is :class:`credo.models.ValueModel` (a causal-LM backbone with a scalar head); a response's
-reward is the head's output at its last token (EOS). Losses: :mod:`credo.algo.reward_model`.
+reward is the head's output at its last token (EOS) or the mean over its tokens (:func:`rm_scores`). Losses:
+:mod:`credo.algo.reward_model`.
 """
 from __future__ import annotations
 
