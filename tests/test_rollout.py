@@ -118,6 +118,8 @@ def test_uniform_draws_are_uniform_and_independent_of_batching():
     rows = torch.tensor([5, 1, 9])
     assert torch.equal(uniform_draws(7, rows, 4), uniform_draws(7, torch.arange(10), 4)[rows])
     assert not torch.equal(uniform_draws(7, rows, 4), uniform_draws(8, rows, 4))
+    grid = uniform_draws(7, rows, torch.arange(6))  # (3, 6): all steps at once, as the decode loop draws them
+    assert grid.shape == (3, 6) and torch.equal(grid[:, 4], uniform_draws(7, rows, 4))
 
 
 def test_filter_logits_top_k_and_top_p():

@@ -131,11 +131,12 @@ class HFRolloutEngine:
             return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
         cache, attn, logits, active = self._prefill(prefixes)
         state = self.lean.start(cache, attn, steps) if self.lean is not None else None
+        draws = uniform_draws(stream[0], stream[1] + torch.arange(batch), torch.arange(steps))  # (B, steps)
         step_pos = (attn.sum(-1, keepdim=True) - 1)  # (A, 1) position of the last prefix token
         stop_t = torch.tensor(stops, device=self.device)
         done = torch.zeros(len(active), dtype=torch.bool, device=self.device)  # finished rows still in the batch
         for t in range(steps):
-            u = uniform_draws(stream[0], stream[1] + active.cpu(), t)  # one draw per original row and step
+            u = draws[active.cpu(), t]  # one draw per original row and step
             nxt, lp, full = self._sample(logits.float(), sp, u.to(self.device))
             live = (~done).nonzero().flatten()
             rows = active[live].cpu()
@@ -293,12 +294,16 @@ def draw_key(generator: torch.Generator) -> int:
     return int(torch.randint(0, 2**62, (1,), generator=generator))
 
 
-def uniform_draws(key: int, rows: torch.Tensor, step: int) -> torch.Tensor:
-    """(A,) float32 uniforms in (0, 1), a pure function of (``key``, row index, decode ``step``): the same row of
-    the same call draws the same number wherever it runs (another batch, another worker). 24 bits, a float32's
-    mantissa; the hash is counter-based, like Philox in vLLM / JAX, with a 32-bit mixer."""
+def uniform_draws(key: int, rows: torch.Tensor, steps: int | torch.Tensor) -> torch.Tensor:
+    """Float32 uniforms in (0, 1), a pure function of (``key``, row index, decode step): the same row of the same
+    call draws the same number wherever it runs (another batch, another worker). (A,) for an int ``steps``, (A, S)
+    for a (S,) tensor of steps (a decode loop hashes all its steps at once). 24 bits, a float32's mantissa; the
+    hash is counter-based, like Philox in vLLM / JAX, with a 32-bit mixer."""
     k = _mix32(torch.tensor([(key >> 31) & _M32]))
     k = _mix32(k ^ torch.tensor([key & _M32]))  # (1,)
-    h = _mix32(k ^ _mix32(rows.to(torch.int64) & _M32))
-    h = _mix32((h + _mul32(torch.tensor([step & _M32]), 0x9E3779B9)) & _M32)  # (A,)
+    h = _mix32(k ^ _mix32(rows.to(torch.int64) & _M32))  # (A,)
+    st = torch.as_tensor(steps, dtype=torch.int64)
+    if st.dim() == 1:
+        h = h.unsqueeze(1)  # (A, 1) against (S,)
+    h = _mix32((h + _mul32(st & _M32, 0x9E3779B9)) & _M32)
     return ((h >> 8).to(torch.float32) + 0.5) / float(1 << 24)
