@@ -53,9 +53,6 @@ class _Crashable:
         if self._crash_on_call is not None and self._calls == self._crash_on_call:
             os._exit(1)  # an injected fault: the process dies mid-call, as a killed worker would
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 class RolloutWorker(_Crashable):
     """One rollout engine in its own process: a policy copy built from the trainer's model config."""
