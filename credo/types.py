@@ -89,6 +89,9 @@ class TrainBatch:
     returns: torch.Tensor | None = None  # (B, T)
     entropy: torch.Tensor | None = None  # (B, T) from the old-log-prob pass
     values: torch.Tensor | None = None  # (B, T) critic values at collection time
+    value_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: head-mean quantiles at collection
+    return_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: distributional GAE targets
+    ref_entropy: torch.Tensor | None = None  # (B, T) the frozen reference policy's entropy (VRPO's critic loss)
 
     @property
     def batch_size(self) -> int:
@@ -115,4 +118,5 @@ class LossOutput:
 class AdvantageOutput:
     advantages: torch.Tensor  # (B, T), zero outside response_mask
     returns: torch.Tensor | None = None  # (B, T) where the estimator defines returns
+    return_quantiles: torch.Tensor | None = None  # (B, T, M) distributional critics' quantile targets
     metrics: dict[str, float] = field(default_factory=dict)

@@ -127,6 +127,7 @@ def compute_advantages(
     reward_baselines: torch.Tensor | None = None,  # (B,) greedy-response rewards (remax)
     entropy_direction: torch.Tensor | None = None,  # (B, T) S_k - C of the behaviour policy (papo)
     entropy_history: list[float] | None = None,  # batch-mean entropies so far (papo)
+    value_quantiles: torch.Tensor | None = None,  # (B, T, M) quantile critic's head-mean quantiles (dvpo)
     **hparams: Any,
 ) -> AdvantageOutput:
     """Advantages (and returns where defined) of the registered estimator ``name``.
@@ -138,7 +139,7 @@ def compute_advantages(
     check_hparams(ADVANTAGE_ESTIMATORS, "advantage estimator", name, hparams)
     given = {"rewards": rewards, "group_ids": group_ids, "response_mask": response_mask.float(), "values": values,
              "reward_baselines": reward_baselines, "entropy_direction": entropy_direction,
-             "entropy_history": entropy_history}
+             "entropy_history": entropy_history, "value_quantiles": value_quantiles}
     missing = [n for n in entry.requirements(hparams) if given.get(n) is None]
     if missing:
         raise ValueError(f"advantage estimator {name!r} needs {', '.join(missing)}")

@@ -271,6 +271,9 @@ def validate_distributed(cfg: RunConfig) -> None:
                 or int(parts[2]) < 1:
             raise ConfigError(f"distributed.inject_faults: {entry!r} is not KIND:WORKER:CALL "
                               f"(KIND rollout or reward, CALL >= 1)")
+    if d.backend == "ray" and cfg.reward.mix:
+        raise ConfigError("reward.mix: not implemented with distributed.backend=ray (the Ray reward workers run one "
+                          "verifier); mix in one process or under torchrun")
     if cfg.rollout.engine == "vllm" and d.backend == "ray":
         raise ConfigError("rollout.engine=vllm: not implemented for Ray rollout workers yet (they run the hf "
                           "engine); use distributed.backend=none or torchrun")
@@ -281,8 +284,43 @@ def validate_distributed(cfg: RunConfig) -> None:
                           "(torchrun sets the world size with --nproc-per-node)")
 
 
+def validate_critic(cfg: RunConfig) -> None:
+    """The critic's head, loss and the estimator fit together (a run would fail at its first update otherwise)."""
+    c, adv = cfg.critic, cfg.algo.advantage
+    if "dvpo" in (c.loss, adv) and c.head != "quantile":
+        raise ConfigError(f"critic.head: dvpo needs critic.head=quantile (got {c.head!r})")
+    if c.loss == "dvpo" and adv != "dvpo":
+        raise ConfigError(f"critic.loss=dvpo: needs algo.advantage=dvpo (its distributional GAE makes the quantile "
+                          f"targets), got {adv!r}")
+    if c.loss == "vrpo" and c.head != "vib":
+        raise ConfigError(f"critic.loss=vrpo: needs critic.head=vib (got {c.head!r})")
+    from credo.models.value import build_head
+
+    try:
+        build_head(c.head, 8, **c.head_args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"critic.head_args: {exc}") from None
+
+
+def validate_reward_mix(cfg: RunConfig) -> None:
+    from credo.rewards import get_reward_fn
+
+    r = cfg.reward
+    for i, comp in enumerate(r.mix):
+        key = f"reward.mix[{i}]"
+        if not isinstance(comp, dict) or not isinstance(comp.get("name"), str) \
+                or set(comp) - {"name", "weight", "kwargs", "executor"}:
+            raise ConfigError(f"{key}: expected {{name: VERIFIER, weight: NUMBER, kwargs: {{...}}}}, got {comp!r}")
+        if not isinstance(comp.get("weight", 1.0), (int, float)) or not isinstance(comp.get("kwargs", {}), dict):
+            raise ConfigError(f"{key}: weight must be a number and kwargs a mapping, got {comp!r}")
+        _wrap(f"{key}.name", lambda: get_reward_fn(comp["name"]))
+    if r.noise > 0 and (cfg.agent.envs or cfg.agent.stages):
+        raise ConfigError("reward.noise: single-turn tasks only (agent rewards come from the environments)")
+
+
 def validate_registries(cfg: RunConfig) -> None:
     from credo import algo
+    from credo.algo.critic import check_critic_loss_hparams
     from credo.data import get_task, list_tasks, task_param_names
     from credo.rewards import get_reward_fn
 
@@ -291,8 +329,11 @@ def validate_registries(cfg: RunConfig) -> None:
                     ("algo.advantage", lambda: algo.check_advantage_hparams(a.advantage, {})),
                     ("algo.policy_loss_args", lambda: algo.check_policy_loss_hparams(a.policy_loss, a.policy_loss_args)),
                     ("algo.advantage_args", lambda: algo.check_advantage_hparams(a.advantage, a.advantage_args)),
-                    ("algo.kl_estimator", lambda: algo.canonical_kl(a.kl_estimator))):
+                    ("algo.kl_estimator", lambda: algo.canonical_kl(a.kl_estimator)),
+                    ("critic.loss_args", lambda: check_critic_loss_hparams(cfg.critic.loss, cfg.critic.loss_args))):
         _wrap(key, fn)
+    validate_critic(cfg)
+    validate_reward_mix(cfg)
     if cfg.task.name != "file":
         if cfg.task.name not in list_tasks():
             close = difflib.get_close_matches(cfg.task.name, list_tasks(), n=1)

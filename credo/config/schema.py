@@ -89,6 +89,15 @@ class RewardConfig:
     overlong_buffer: int = opt(0, "DAPO soft overlong penalty over the last N tokens before max_new_tokens (0 = off)",
                                min=0)
     overlong_penalty: float = opt(1.0, "penalty at max_new_tokens for overlong_buffer", min=0.0)
+    weight: float = opt(1.0, "weight of the task verifier's score when reward.mix adds components")
+    mix: list = opt(None, "extra reward components summed with the verifier's score, e.g. [{name: reward_model, "
+                    "weight: 0.5, kwargs: {path: RUN/reward_model}}] (accuracy still from the verifier)", factory=list)
+    noise: float = opt(0.0, "share of training rewards corrupted (robustness experiments; evaluation stays clean)",
+                       min=0.0, max=1.0)
+    noise_mode: str = opt("flip", "flip: s -> 2 * noise_center - s (1 - s for 0/1 rewards); perturb: s + N(0, "
+                          "noise_std^2)", choices=("flip", "perturb"))
+    noise_center: float = opt(0.5, "flip noise: the value scores are mirrored around")
+    noise_std: float = opt(1.0, "perturb noise: standard deviation", min=0.0)
 
 
 @dataclass
@@ -127,7 +136,12 @@ class CriticConfig:
     lr: float = opt(1e-3, "critic AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "critic AdamW weight decay", min=0.0)
     grad_clip: float = opt(1.0, "critic max gradient norm (0 = off)", min=0.0)
-    cliprange_value: float = opt(0.5, "value clipping range around the values at collection time", min=0.0)
+    head: str = opt("scalar", "value head: scalar (PPO), quantile (DVPO's N x M quantile ensemble) or vib (VRPO's "
+                    "information bottleneck)", choices=("scalar", "quantile", "vib"))
+    head_args: dict = opt(None, "head shape: quantile {heads: 3, quantiles: 200}; vib {z_dim: 32}", factory=dict)
+    loss: str = opt("clipped_mse", "critic loss (credo list critic_losses): clipped_mse, dvpo (quantile head, "
+                    "algo.advantage=dvpo) or vrpo (vib head)")
+    loss_args: dict = opt(None, "critic loss hyperparameters, e.g. {cliprange_value: 0.5}", factory=dict)
     warmup_steps: int = opt(0, "RL steps that train only the critic (verl critic_warmup)", min=0)
 
 

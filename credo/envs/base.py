@@ -78,6 +78,7 @@ def register_env(spec: EnvSpec) -> EnvSpec:
 
 def list_envs() -> list[str]:
     from credo.envs import builtin  # noqa: F401  (registers the built-ins)
+    from credo.envs import verifier  # noqa: F401  (registers verify, AgentV-RL's agentic verifier)
 
     return sorted(ENVS)
 

@@ -1,12 +1,25 @@
-"""A critic: the policy's transformer backbone with a scalar value head.
+"""Critics: the policy's transformer backbone with a value head.
 
 ``values[b, i]`` is the value of the state after reading tokens ``0..i`` of row ``b``; for the
 response token ``t`` (row layout of :class:`credo.types.TrainBatch`) the state before it is
-column ``P - 1 + t``. Saved as a Hugging Face backbone directory plus ``value_head.safetensors``.
+column ``P - 1 + t``. Saved as a Hugging Face backbone directory plus ``value_head.safetensors`` and
+``value_head.json`` (the head's kind and shape; a directory without it holds a scalar head).
+
+Heads (``critic.head``):
+
+- ``scalar``: one linear output, zero-initialised (PPO's critic, reward models).
+- ``quantile``: DVPO's ensemble, ``heads`` x ``quantiles`` linear outputs (``quantiles``: (B, L, N, M));
+  the value is the mean over heads and quantiles.
+- ``vib``: VRPO's variational information bottleneck: ``h -> (mu, log sigma^2)`` of a ``z_dim`` Gaussian,
+  ``z = mu + sigma * eps`` in training (``mu`` in eval; sigma starts near the prior's 1), the value head on ``z``; ``kl`` is
+  KL(q(z|h) || N(0, I)) per position. An auxiliary scalar output on ``z`` (``aux``) serves VRPO's
+  auxiliary target reading (:mod:`credo.algo.critic`).
 """
 from __future__ import annotations
 
 import copy
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,29 +29,93 @@ from transformers import AutoModel
 from credo.models.build import quiet_transformers
 
 HEAD_FILE = "value_head.safetensors"
+HEAD_CONFIG = "value_head.json"
+
+
+@dataclass
+class CriticOutput:
+    """What a critic head says about each position (L = sequence length, or T after slicing to the response)."""
+
+    values: torch.Tensor  # (B, L) float
+    quantiles: torch.Tensor | None = None  # (B, L, N, M) quantile head: N heads x M quantile levels
+    kl: torch.Tensor | None = None  # (B, L) vib head: KL(q(z|h) || N(0, I))
+    aux: torch.Tensor | None = None  # (B, L) vib head: auxiliary prediction
+
+    def slice(self, start: int, stop: int) -> "CriticOutput":
+        cut = lambda x: None if x is None else x[:, start:stop]  # noqa: E731
+        return CriticOutput(cut(self.values), cut(self.quantiles), cut(self.kl), cut(self.aux))
+
+
+class QuantileHead(torch.nn.Module):
+    """N x M quantile outputs; small random weights so the heads start apart and values start near 0."""
+
+    def __init__(self, hidden: int, heads: int = 3, quantiles: int = 200, init_std: float = 1e-3):
+        super().__init__()
+        if heads < 1 or quantiles < 1:
+            raise ValueError(f"quantile head needs heads >= 1 and quantiles >= 1, got {heads}, {quantiles}")
+        self.heads, self.quantiles = heads, quantiles
+        self.proj = torch.nn.Linear(hidden, heads * quantiles)
+        torch.nn.init.normal_(self.proj.weight, std=init_std)
+        torch.nn.init.zeros_(self.proj.bias)
+
+    def forward(self, h: torch.Tensor) -> CriticOutput:
+        q = self.proj(h).float().unflatten(-1, (self.heads, self.quantiles))  # (B, L, N, M)
+        return CriticOutput(values=q.mean(dim=(-1, -2)), quantiles=q)
+
+
+class VIBHead(torch.nn.Module):
+    """VRPO's information-bottleneck head (module docstring)."""
+
+    def __init__(self, hidden: int, z_dim: int = 32):
+        super().__init__()
+        self.encoder = torch.nn.Linear(hidden, 2 * z_dim)
+        self.value = torch.nn.Linear(z_dim, 1)
+        self.aux = torch.nn.Linear(z_dim, 1)
+        for lin in (self.value, self.aux):
+            torch.nn.init.zeros_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+
+    def forward(self, h: torch.Tensor) -> CriticOutput:
+        mu, logvar = self.encoder(h).float().chunk(2, dim=-1)  # (B, L, Z) each
+        logvar = logvar.clamp(-20.0, 10.0)
+        z = mu + torch.randn_like(mu) * (0.5 * logvar).exp() if self.training else mu
+        kl = 0.5 * (mu.square() + logvar.exp() - 1.0 - logvar).sum(-1)  # (B, L)
+        return CriticOutput(values=self.value(z).squeeze(-1), kl=kl, aux=self.aux(z).squeeze(-1))
+
+
+def build_head(kind: str, hidden: int, **args) -> torch.nn.Module:
+    if kind == "scalar":
+        head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(head.weight)  # V = 0 at the start: advantages = raw returns
+        torch.nn.init.zeros_(head.bias)
+        return head
+    if kind == "quantile":
+        return QuantileHead(hidden, **args)
+    if kind == "vib":
+        return VIBHead(hidden, **args)
+    raise ValueError(f"unknown critic head {kind!r}; choose scalar, quantile or vib")
 
 
 class ValueModel(torch.nn.Module):
-    def __init__(self, backbone: torch.nn.Module):
+    def __init__(self, backbone: torch.nn.Module, head: str = "scalar", **head_args):
         super().__init__()
         self.backbone = backbone
-        hidden = backbone.config.hidden_size
-        self.value_head = torch.nn.Linear(hidden, 1)
-        torch.nn.init.zeros_(self.value_head.weight)  # V = 0 at the start: advantages = raw returns
-        torch.nn.init.zeros_(self.value_head.bias)
+        self.head_kind, self.head_args = head, dict(head_args)
+        self.value_head = build_head(head, backbone.config.hidden_size, **head_args)
 
     @classmethod
-    def from_policy(cls, policy: torch.nn.Module) -> "ValueModel":
+    def from_policy(cls, policy: torch.nn.Module, head: str = "scalar", **head_args) -> "ValueModel":
         """A critic initialised from the policy's backbone (a copy; the policy is not shared)."""
         backbone = copy.deepcopy(policy.base_model)
-        model = cls(backbone)
+        model = cls(backbone, head, **head_args)
         return model.to(next(policy.parameters()).device)
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> "ValueModel":
         quiet_transformers()
         path = Path(path)
-        model = cls(AutoModel.from_pretrained(path, local_files_only=True))
+        spec = json.loads((path / HEAD_CONFIG).read_text()) if (path / HEAD_CONFIG).is_file() else {"kind": "scalar"}
+        model = cls(AutoModel.from_pretrained(path, local_files_only=True), spec["kind"], **spec.get("args", {}))
         model.value_head.load_state_dict(load_file(path / HEAD_FILE))
         return model.to(device)
 
@@ -47,8 +124,16 @@ class ValueModel(torch.nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(path, safe_serialization=True)
         save_file({k: v.contiguous() for k, v in self.value_head.state_dict().items()}, path / HEAD_FILE)
+        (path / HEAD_CONFIG).write_text(json.dumps({"kind": self.head_kind, "args": self.head_args}) + "\n")
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor) -> CriticOutput:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)
-        return self.value_head(out.last_hidden_state).squeeze(-1).float()  # (B, L)
+        h = out.last_hidden_state
+        if self.head_kind == "scalar":
+            return CriticOutput(values=self.value_head(h).squeeze(-1).float())
+        return self.value_head(h)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.outputs(input_ids, attention_mask, position_ids).values  # (B, L)

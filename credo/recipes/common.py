@@ -16,6 +16,7 @@ from credo.config import RunConfig, dump_config
 from credo.data.source import TaskData
 from credo.models import num_parameters, save_model
 from credo.rewards import RewardRunner
+from credo.rewards.mixed import MixedRunner, NoisyRunner
 from credo.rollout import HFRolloutEngine
 from credo.train.checkpoint import latest_checkpoint
 from credo.train.evaluate import evaluate
@@ -70,7 +71,24 @@ def reward_runner(cfg: RunConfig, data: TaskData):
         from credo.distributed.ray_pools import RewardPool
 
         return RewardPool(kwargs, workers=d.reward_workers, num_cpus=d.worker_cpus, faults=injected_faults(cfg, "reward"))
-    return RewardRunner(**kwargs)
+    if not r.mix:
+        return RewardRunner(**kwargs)
+    components = [(kwargs["name_or_path"], r.weight, RewardRunner(**kwargs))]
+    for comp in r.mix:
+        components.append((comp["name"], float(comp.get("weight", 1.0)), RewardRunner(
+            comp["name"], fn_kwargs=comp.get("kwargs", {}), timeout_s=r.timeout_s, failure_score=r.failure_score,
+            workers=r.workers, executor=comp.get("executor", "auto"))))
+    return MixedRunner(components)
+
+
+def training_runner(cfg: RunConfig, runner, step: int):
+    """The runner that scores training rollouts: ``runner``, or with ``reward.noise`` one that corrupts that share
+    of the scores (evaluation keeps ``runner``)."""
+    r = cfg.reward
+    if r.noise <= 0 or runner is None:
+        return runner
+    return NoisyRunner(runner, rate=r.noise, mode=r.noise_mode, center=r.noise_center, std=r.noise_std,
+                       seed=cfg.seed, step=step)
 
 
 def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int):

@@ -27,6 +27,7 @@ import torch
 
 from credo.algo import advantage_requirements, compute_advantages, kl_penalty, masked_mean, policy_loss_requirements
 from credo.algo.advantages import discounted_returns, explained_variance, token_rewards
+from credo.algo.critic import critic_loss_requirements
 from credo.config import RunConfig
 from credo.data import PromptSampler
 from credo.data.source import TaskData
@@ -40,6 +41,7 @@ from credo.recipes.common import (
     run_eval,
     sampling_params,
     save_final,
+    training_runner,
     seed_everything,
     warm_start,
     warm_start_enabled,
@@ -187,7 +189,7 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
         save_model(parts.model, parts.tokenizer, run_dir / "reference")
     if needs_critic(cfg):
         critic = ValueModel.load(cfg.critic.path, cfg.model.device) if cfg.critic.path else \
-            ValueModel.from_policy(parts.model)
+            ValueModel.from_policy(parts.model, cfg.critic.head, **cfg.critic.head_args)
         attach_critic(cfg, parts, critic)
     return state
 
@@ -250,7 +252,7 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                 batch.old_logprobs = batch.rollout_logprobs  # the PPO ratio against the policy that generated
         if parts.critic is not None:
             with timer("values"):
-                batch.values = batched_values(parts.critic, batch, micro_batch_size=micro)
+                batch.values, batch.value_quantiles = batched_values(parts.critic, batch, micro_batch_size=micro)
         rewards = batch.scores if not parts.agent else \
             reward_tensor(cfg, batch.scores, rollouts.trajs, batch.responses.shape[1])  # agent reward placement
         rewards = apply_reference(cfg, parts, batch, metrics, timer, rewards)
@@ -258,8 +260,9 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
             inputs = advantage_inputs(cfg, parts, batch, rollouts.trajs, adv_needs, token_stats, state, timer)
             adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
                                      response_mask=batch.response_mask, **inputs, **a.advantage_args)
-            batch.advantages, batch.returns = adv.advantages, adv.returns
-            if parts.critic is not None and "values" not in adv_needs:  # a monitored critic learns the returns
+            batch.advantages, batch.returns, batch.return_quantiles = adv.advantages, adv.returns, adv.return_quantiles
+            if parts.critic is not None and not {"values", "value_quantiles"} & set(adv_needs):
+                # a monitored critic (the estimator does not read it) learns the returns
                 batch.returns = discounted_returns(rewards, batch.response_mask, 1.0)
         if parts.critic is not None:
             with timer("update_critic"):
@@ -309,10 +312,13 @@ def collect(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Rollouts:
                                           sampling=sampling_params(cfg), timer=timer)
     else:
         rollouts = collect_rollouts(
-            parts.engine, parts.runner, parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
+            parts.engine, training_runner(cfg, parts.runner, step), parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
             group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
             dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
             overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
+        if cfg.reward.noise > 0:
+            rollouts.metrics["reward/noised_frac"] = sum(bool(r.info.get("noised")) for r in rollouts.results) / \
+                max(len(rollouts.results), 1)
     if parts.ray:  # workers replaced so far (their shares were re-queued)
         rollouts.metrics["dist/rollout_restarts"] = parts.engine.restarts
         if parts.runner is not None:
@@ -367,11 +373,13 @@ def apply_reference(cfg: RunConfig, parts: Parts, batch: TrainBatch, metrics: di
     a = cfg.algo
     if parts.ref_model is None:
         return rewards
+    entropy = "ref_entropy" in critic_requirements(cfg)  # VRPO's critic reads the frozen LM's entropy
     with timer("ref"):
-        batch.ref_logprobs, _ = batched_logprobs(
+        batch.ref_logprobs, stats = batched_logprobs(
             parts.ref_model, batch, micro_batch_size=cfg.train.micro_batch_size,
             micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=cfg.rollout.temperature,
-            opts=ForwardOptions.of(cfg))
+            stats=("entropy",) if entropy else (), opts=ForwardOptions.of(cfg))
+        batch.ref_entropy = stats.get("entropy")
     kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.response_mask  # (B, T)
     metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask))
     if not (a.kl_in_reward and a.kl_coef > 0):
@@ -388,6 +396,7 @@ def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, nee
     """The optional inputs the configured estimator declares it needs, and only those."""
     providers = {
         "values": lambda: batch.values,
+        "value_quantiles": lambda: batch.value_quantiles,
         "entropy_direction": lambda: token_stats["entropy_direction"],
         "entropy_history": lambda: list(state.entropy_history),
         "reward_baselines": lambda: greedy_baselines(cfg, parts, trajs, timer),
@@ -457,13 +466,20 @@ def step_metrics(batch: TrainBatch, trajs, timer: Timer, *, step: int) -> dict[s
 
 def needs_reference(cfg: RunConfig) -> bool:
     a = cfg.algo
-    return a.kl_coef > 0 or "ref_logprobs" in policy_loss_requirements(a.policy_loss, a.policy_loss_args)
+    return a.kl_coef > 0 or "ref_logprobs" in policy_loss_requirements(a.policy_loss, a.policy_loss_args) \
+        or bool({"ref_logprobs", "ref_entropy"} & set(critic_requirements(cfg)))
+
+
+def critic_requirements(cfg: RunConfig) -> tuple[str, ...]:
+    """Inputs the configured critic loss needs (none without a critic)."""
+    return critic_loss_requirements(cfg.critic.loss, cfg.critic.loss_args) if needs_critic(cfg) else ()
 
 
 def needs_critic(cfg: RunConfig) -> bool:
     if cfg.critic.enabled is not None:
         return cfg.critic.enabled
-    return "values" in advantage_requirements(cfg.algo.advantage, cfg.algo.advantage_args)
+    return bool({"values", "value_quantiles"} & set(advantage_requirements(cfg.algo.advantage,
+                                                                             cfg.algo.advantage_args)))
 
 
 def attach_critic(cfg: RunConfig, parts: Parts, critic: ValueModel) -> None:

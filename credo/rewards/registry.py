@@ -70,6 +70,8 @@ def register_reward(name: str, *, batch: bool = False, inline_safe: bool = False
 def _ensure_builtins() -> None:
     """Import the built-in verifiers so that their names are registered."""
     import credo.rewards.code  # noqa: F401  (registers on import)
+    import credo.rewards.agentic_verifier  # noqa: F401  (registers agentic_verifier)
+    import credo.rewards.reward_model  # noqa: F401
     import credo.rewards.verifiers  # noqa: F401
 
 

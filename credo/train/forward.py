@@ -209,7 +209,7 @@ def trim(mb: TrainBatch) -> TrainBatch:
         v = getattr(mb, name)
         if name in ("input_ids", "attention_mask", "position_ids"):
             v = v[:, left : p + t]
-        elif isinstance(v, torch.Tensor) and v.dim() == 2:
+        elif isinstance(v, torch.Tensor) and v.dim() >= 2:  # (B, T) and (B, T, M) response tensors
             v = v[:, :t]
         out[name] = v
     out["prompt_len"] = p - left
@@ -234,22 +234,30 @@ def _micro_stats(model, mb: TrainBatch, temperature: float, stats: tuple[str, ..
     return _scatter(lp, valid), {name: _scatter(v, valid) for name, v in st.items()}
 
 
-def response_values(critic: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-    """Critic values of the state before each response token: (B, T)."""
+def response_outputs(critic: torch.nn.Module, batch: TrainBatch):
+    """Everything the critic's head says (:class:`credo.models.value.CriticOutput`) about the state before each
+    response token: values (B, T), and by head kind quantiles (B, T, N, M), kl and aux (B, T)."""
     device = next(critic.parameters()).device
-    values = critic(**_inputs(batch, device))  # (B, L)
     p, t = batch.prompt_len, batch.responses.shape[1]
-    return values[:, p - 1 : p - 1 + t]
+    return critic.outputs(**_inputs(batch, device)).slice(p - 1, p - 1 + t)
 
 
 @torch.no_grad()
-def batched_values(critic: torch.nn.Module, batch: TrainBatch, *, micro_batch_size: int | None) -> torch.Tensor:
+def batched_values(critic: torch.nn.Module, batch: TrainBatch, *,
+                   micro_batch_size: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(values (B, T), head-mean quantiles (B, T, M) or None) at collection time, zero outside the loss mask."""
     was_training = critic.training
     critic.eval()
     size = micro_batch_size or batch.batch_size
+    values, quantiles = [], []
     try:
-        parts = [response_values(critic, batch.select(torch.arange(s, min(s + size, batch.batch_size)))).cpu()
-                 for s in range(0, batch.batch_size, size)]
+        for s in range(0, batch.batch_size, size):
+            out = response_outputs(critic, batch.select(torch.arange(s, min(s + size, batch.batch_size))))
+            values.append(out.values.cpu())
+            if out.quantiles is not None:
+                quantiles.append(out.quantiles.mean(-2).cpu())  # (b, T, M): the ensemble's mean quantiles
     finally:
         critic.train(was_training)
-    return torch.cat(parts) * batch.response_mask
+    mask = batch.response_mask
+    q = torch.cat(quantiles) * mask.unsqueeze(-1) if quantiles else None
+    return torch.cat(values) * mask, q

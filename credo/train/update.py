@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert, policy_loss_requirements,
-                        value_loss)
+from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert,
+                        policy_loss_requirements)
+from credo.algo.critic import compute_critic_loss
 from credo.algo.rollout_correction import rollout_is_weights
 from credo.config import RunConfig
 from credo.distributed.data_parallel import LOCAL, DataParallel
-from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_values, trim
+from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_outputs, trim
 from credo.train.optim import clip_and_step
 from credo.train.stats import MetricAccumulator
 from credo.types import TrainBatch
@@ -168,8 +169,9 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
 
 def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, scheduler, *, step: int,
                   dp: DataParallel = LOCAL) -> dict[str, float]:
-    """Clipped value-loss regression of the critic on ``batch.returns``, same batching as the policy (and the
-    same data-parallel split: this rank's rows, gradients summed over ranks)."""
+    """The configured critic loss (``critic.loss``: clipped value regression on ``batch.returns`` by default;
+    :mod:`credo.algo.critic`), same batching as the policy (and the same data-parallel split: this rank's rows,
+    gradients summed over ranks)."""
     c = cfg.critic
     acc = MetricAccumulator()
     critic.train()
@@ -177,12 +179,16 @@ def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, schedule
         norm = AggNorm.of(mb.response_mask, loss_scale(cfg))
         losses: dict[str, float] = {}
         for micro in split_micro(cfg, dp.shard(mb)):
-            values = response_values(critic, micro)
-            out = value_loss(values, micro.values, micro.returns, micro.response_mask,
-                             cliprange_value=c.cliprange_value, agg=cfg.algo.agg, norm=norm)
-            out.loss.backward()
-            losses["critic/vf_loss"] = losses.get("critic/vf_loss", 0.0) + float(out.loss.detach())
-            acc.add_weighted({f"critic/{k}": v for k, v in out.metrics.items()},
+            out = response_outputs(critic, micro)
+            inputs = {"values": out.values, "quantiles": out.quantiles, "kl": out.kl, "aux": out.aux,
+                      "old_values": micro.values, "returns": micro.returns,
+                      "return_quantiles": micro.return_quantiles, "ref_entropy": micro.ref_entropy,
+                      "ref_logprobs": micro.ref_logprobs}
+            loss = compute_critic_loss(c.loss, response_mask=micro.response_mask, agg=cfg.algo.agg, norm=norm,
+                                       inputs=inputs, **c.loss_args)
+            loss.loss.backward()
+            losses["critic/vf_loss"] = losses.get("critic/vf_loss", 0.0) + float(loss.loss.detach())
+            acc.add_weighted({f"critic/{k}": v for k, v in loss.metrics.items()},
                              weight=float(micro.response_mask.sum()))
         zero_missing_grads(critic)
         dp.reduce_grads(critic)

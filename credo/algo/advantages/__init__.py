@@ -5,8 +5,9 @@
 - returns: ``gae`` (critic), ``reinforce_pp``, ``remax`` (:mod:`.returns`)
 - ``evpo`` (explained-variance gate between critic and group baseline, :mod:`.evpo`)
 - ``papo`` (entropy-polarity reweighting, :mod:`.papo`)
+- ``dvpo`` (distributional GAE over a quantile critic, mean over quantiles, :mod:`.dvpo`)
 """
-from credo.algo.advantages import evpo, outcome, papo, returns  # noqa: F401  (registration)
+from credo.algo.advantages import dvpo, evpo, outcome, papo, returns  # noqa: F401  (registration)
 from credo.algo.advantages.common import (
     broadcast,
     explained_variance,

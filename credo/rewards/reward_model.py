@@ -1,0 +1,151 @@
+"""A trained reward model as an RL reward: the batch verifier ``reward_model`` and its HTTP service.
+
+    reward.name=reward_model reward.kwargs={path: RUN/reward_model}            # in-process, batched
+    reward.kwargs={url: http://127.0.0.1:8090}                                   # a `credo rm serve` endpoint
+    reward.mix=[{name: reward_model, weight: 0.5, kwargs: {path: ...}}]           # mixed with the task verifier
+
+The model is a saved :class:`credo.models.ValueModel` (``credo rm train`` writes ``RUN_DIR/reward_model`` with its
+tokenizer); a response's reward is its score under the model's pooling (``credo.train.reward_model.rm_scores``)
+on the example's prompt, raw or squashed (``transform=sigmoid``). ``correct`` is ``score > threshold`` on the raw
+score (0 = the model prefers the response to a neutral one); accuracy metrics of a mixed reward come from the task
+verifier instead (:mod:`credo.rewards.mixed`).
+
+An unreachable endpoint, a timeout or a malformed reply fails the batch's results (``failed=True``, the runner's
+failure score), never the run. The service (:func:`create_app`, ``credo rm serve PATH``)::
+
+    POST /score {"prompts": [...], "responses": [...]} -> {"scores": [...]}
+    GET  /health                                       -> {"ok": true, "path": ...}
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+from credo.rewards.registry import register_reward
+from credo.types import Example, RewardResult
+
+_LOCK = threading.Lock()
+_MODELS: dict[tuple[str, str], Any] = {}
+
+
+class LocalRewardModel:
+    """A loaded reward model that scores (prompt, response) batches."""
+
+    def __init__(self, path: str | Path, *, device: str = "cpu", pooling: str = "last", batch_size: int = 64):
+        from credo.models import ValueModel, load_tokenizer
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: not a saved reward model (no config.json); `credo rm train` writes "
+                                    "RUN_DIR/reward_model")
+        self.path, self.pooling, self.batch_size = str(path), pooling, batch_size
+        self.model = ValueModel.load(path, device).eval()
+        self.tokenizer = load_tokenizer(path)
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        import torch
+
+        from credo.train.reward_model import response_batch, rm_scores
+
+        out: list[float] = []
+        with torch.no_grad():
+            for i in range(0, len(prompts), self.batch_size):
+                batch = response_batch(self.tokenizer, list(prompts[i : i + self.batch_size]),
+                                       list(responses[i : i + self.batch_size]))
+                out += rm_scores(self.model, batch, self.pooling).cpu().tolist()
+        return out
+
+
+def local_model(path: str, device: str = "cpu", pooling: str = "last", batch_size: int = 64) -> LocalRewardModel:
+    """One loaded model per (path, device) per process."""
+    key = (str(Path(path).resolve()), device)
+    with _LOCK:
+        if key not in _MODELS:
+            _MODELS[key] = LocalRewardModel(path, device=device, pooling=pooling, batch_size=batch_size)
+        model = _MODELS[key]
+    model.pooling, model.batch_size = pooling, batch_size
+    return model
+
+
+def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, timeout_s: float = 30.0,
+               retries: int = 2) -> list[float]:
+    """Scores from a ``credo rm serve`` endpoint (``POST url/score``); retried on connection errors."""
+    body = json.dumps({"prompts": list(prompts), "responses": list(responses)}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/score", data=body, headers={"Content-Type": "application/json"})
+    for attempt in range(retries + 1):
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                scores = json.loads(resp.read())["scores"]
+            break
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if attempt == retries:
+                raise
+            time.sleep(0.2 * 2 ** attempt)
+    if not isinstance(scores, list) or len(scores) != len(prompts):
+        raise ValueError(f"reward model endpoint returned {type(scores).__name__} of the wrong length")
+    return [float(s) for s in scores]
+
+
+@register_reward("reward_model", batch=True)
+def reward_model(responses: Sequence[str], examples: Sequence[Example], *, path: str | None = None,
+                 url: str | None = None, pooling: str = "last", batch_size: int = 64, device: str = "cpu",
+                 transform: str = "raw", threshold: float = 0.0, timeout_s: float = 30.0,
+                 retries: int = 2) -> list[RewardResult]:
+    """Scores of a trained reward model (module docstring); exactly one of ``path`` and ``url``."""
+    if (path is None) == (url is None):
+        raise ValueError("reward_model: give exactly one of path= (a saved reward model) or url= (credo rm serve)")
+    if transform not in ("raw", "sigmoid"):
+        raise ValueError(f"reward_model: transform must be raw or sigmoid, got {transform!r}")
+    prompts = [ex.prompt for ex in examples]
+    start = time.perf_counter()
+    try:
+        raw = score_http(url, prompts, responses, timeout_s=timeout_s, retries=retries) if url else \
+            local_model(path, device, pooling, batch_size).score(prompts, responses)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        return [RewardResult(score=0.0, failed=True, error=error) for _ in responses]
+    each = (time.perf_counter() - start) / max(len(responses), 1)
+    out = []
+    for s in raw:
+        score = 1.0 / (1.0 + math.exp(-s)) if transform == "sigmoid" else s
+        out.append(RewardResult(score=score, correct=s > threshold, info={"rm_score": s, "time_s": each}))
+    return out
+
+
+def create_app(path: str | Path, *, device: str = "cpu", pooling: str = "last", batch_size: int = 64):
+    """The FastAPI app of ``credo rm serve`` (module docstring)."""
+    from fastapi import FastAPI, HTTPException
+    from pydantic import BaseModel
+
+    model = LocalRewardModel(path, device=device, pooling=pooling, batch_size=batch_size)
+    lock = threading.Lock()  # one forward at a time
+    app = FastAPI(title="credo reward model")
+
+    class ScoreRequest(BaseModel):
+        prompts: list[str]
+        responses: list[str]
+
+    @app.post("/score")
+    def score(req: ScoreRequest) -> dict:
+        if len(req.prompts) != len(req.responses):
+            raise HTTPException(status_code=422, detail="prompts and responses differ in length")
+        with lock:
+            return {"scores": model.score(req.prompts, req.responses)}
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True, "path": model.path}
+
+    return app
+
+
+def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8090, **kwargs: Any) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(path, **kwargs), host=host, port=port, log_level="warning")
