@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(q)
     q.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-rm-<method>-<time>)")
     q.set_defaults(func=cmd_rm_train)
+    q = rm_sub.add_parser("serve", help="serve a trained reward model over HTTP (POST /score) for reward.kwargs.url")
+    q.add_argument("path", help="a saved reward model directory (RUN_DIR/reward_model)")
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--port", type=int, default=8090)
+    q.add_argument("--pooling", choices=("last", "mean"), default="last", help="as the model was trained (rm.pooling)")
+    q.add_argument("--device", default="cpu")
+    q.set_defaults(func=cmd_rm_serve)
 
     p = sub.add_parser("eval", help="held-out greedy accuracy and avg@k of a model or run")
     p.add_argument("target", help="a run directory (uses its config and final model) or a Hugging Face model dir")
@@ -116,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="registered losses, estimators, rewards, tasks, presets")
     p.add_argument("what", nargs="?", default="all",
-                   choices=("all", "losses", "estimators", "rewards", "tasks", "presets", "aggregations", "kl"))
+                   choices=("all", "losses", "estimators", "rewards", "tasks", "presets", "aggregations", "kl",
+                                                           "critic_losses"))
     p.set_defaults(func=cmd_list)
     return parser
 
@@ -129,6 +137,14 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------- commands
+
+def cmd_rm_serve(args: argparse.Namespace) -> int:
+    from credo.rewards.reward_model import serve
+
+    print(f"reward model {args.path} on http://{args.host}:{args.port} (POST /score)", flush=True)
+    serve(args.path, host=args.host, port=args.port, pooling=args.pooling, device=args.device)
+    return 0
+
 
 def cmd_rm_train(args: argparse.Namespace) -> int:
     from credo.recipes.reward_model import rm_train
@@ -249,6 +265,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from credo import algo
+    from credo.algo.critic import CRITIC_LOSSES
     from credo.config.loader import REPO_CONFIGS
     from credo.data import list_tasks, task_param_names
     from credo.rewards import list_rewards
@@ -263,6 +280,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         "presets": lambda: sorted(p.stem for p in REPO_CONFIGS.glob("*.yaml")) if REPO_CONFIGS.is_dir() else [],
         "aggregations": lambda: list(algo.AGG_MODES) + ["constant-norm (alias of seq-mean-token-sum-norm)"],
         "kl": lambda: [f"{k} (and {k}+)" for k in algo.KL_ESTIMATORS],
+        "critic_losses": lambda: [f"{n:<12} {_hp(CRITIC_LOSSES[n].hparams)}" for n in sorted(CRITIC_LOSSES)],
     }
     for name, fn in sections.items():
         if args.what in ("all", name):
