@@ -183,7 +183,7 @@ def test_the_fourth_python_call_is_refused():
 
 
 def test_sandbox_unavailable_is_an_error_observation(monkeypatch):
-    import credo.rewards.code as code
+    from credo.rewards import code
     from credo.sandbox import SandboxUnavailable
 
     def unavailable(workers=None, unsafe=False):
@@ -281,7 +281,7 @@ def test_agentic_verifier_reads_p_true_at_the_answer_token(wide_model, monkeypat
     # recompute both scores by hand: the episode's tokens (EOS ends each turn) up to the verdict turn, then
     # "<answer>", one forward pass, the softmax over the logits of "t" and "f"
     t, f = verdict_token_ids(tok)
-    enc = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    enc = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])
     for mode, info in (("forward", fwd), ("backward", bwd)):
         client = CaseClient(VerifyCase("12+34=", "46", mode))
         ids = list(tok(f"{client.instruction}\n{client.reset(0)}\n", add_special_tokens=True)["input_ids"])

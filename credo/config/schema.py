@@ -283,14 +283,19 @@ class DistributedConfig:
 @dataclass
 class RewardModelConfig:
     method: str = opt("bt", "credo rm train: bt = one Bradley-Terry reward model; crm = two peer-reviewing models "
-                      "(CRM, docs/reward_models.md)", choices=("bt", "crm"))
+                      "(CRM); birm = BiRM's process reward model on self-labelled steps (birm.*; "
+                      "docs/reward_models.md)", choices=("bt", "crm", "birm"))
     train_file: str | None = opt(None, "JSONL preference pairs (prompt, chosen, rejected); null = generated from task")
     eval_file: str | None = opt(None, "held-out JSONL pairs; null = generated from task (or 10% of train_file)")
     pairs: int = opt(4000, "generated training pairs (one per task example)", min=1)
     eval_pairs: int = opt(200, "generated held-out pairs", min=1)
     noise: float = opt(0.0, "share of generated training pairs with chosen and rejected swapped", min=0.0, max=1.0)
-    pooling: str = opt("last", "a response's reward: the head at its last token (last, the usual ORM) or the mean "
-                       "over its tokens (mean)", choices=("last", "mean"))
+    model: str = opt("value_head", "value_head = a scalar head on the backbone (ORM); implicit = the LM itself, "
+                     "r = beta * sum_t log pi / pi_ref (DPO's implicit reward; credo.models.implicit)",
+                     choices=("value_head", "implicit"))
+    beta: float = opt(0.1, "rm.model=implicit: beta of the implicit reward", min=0.0)
+    pooling: str = opt("last", "value_head: a response's reward is the head at its last token (last, the usual ORM) "
+                       "or the mean over its tokens (mean)", choices=("last", "mean"))
     steps: int = opt(400, "optimizer steps", min=1)
     batch_size: int = opt(32, "pairs per step", min=1)
     lr: float = opt(1e-3, "learning rate", min=0.0)
@@ -301,6 +306,26 @@ class RewardModelConfig:
     keep_warmup: float = opt(0.5, "crm: share of the steps over which the kept share falls from 1 to keep_ratio",
                              min=0.0, max=1.0)
     curriculum: bool = opt(True, "crm: order pairs easy to hard by the two models' mean margin each pass")
+
+
+@dataclass
+class BiRMConfig:
+    prompts: int = opt(400, "training prompts whose sampled responses are step-labelled", min=1)
+    samples: int = opt(4, "sampled responses per training prompt (the paper: 15)", min=1)
+    rollouts: int = opt(8, "Monte-Carlo continuations per step prefix (value label = the accepted share)", min=1)
+    step_tokens: int = opt(2, "response tokens per step", min=1)
+    reward_label: str = opt("hard", "reward-head label of a prefix: hard (any continuation accepted) or soft",
+                            choices=("hard", "soft"))
+    steps: int = opt(300, "optimizer steps", min=1)
+    batch_size: int = opt(32, "responses per step", min=1)
+    lr: float = opt(1e-3, "learning rate", min=0.0)
+    loss_on_llm: bool = opt(False, "add the next-token loss on the sampled responses (BiRM's loss_on_llm)")
+    beta: float = opt(1.0, "score = V_last + beta * agg(R)", min=0.0)
+    agg: str = opt("mean", "aggregation of the reward head over steps", choices=("mean", "min", "max", "last"))
+    eval_prompts: int = opt(200, "held-out prompts for best-of-N and beam search", min=1)
+    best_of: int = opt(8, "N of best-of-N", min=1)
+    beam_width: int = opt(4, "step-level beam search: beams kept (0 = skip the search)", min=0)
+    beam_expand: int = opt(4, "step-level beam search: sampled steps per beam", min=1)
 
 
 @dataclass
@@ -322,3 +347,4 @@ class RunConfig:
     log: LogConfig = opt(None, factory=LogConfig)
     distributed: DistributedConfig = opt(None, factory=DistributedConfig)
     rm: RewardModelConfig = opt(None, factory=RewardModelConfig)
+    birm: BiRMConfig = opt(None, factory=BiRMConfig)

@@ -214,8 +214,8 @@ class VerifyEnv:
         self.task, self.task_params = task, dict(task_params or {})
         self.mode, self.forward_ratio, self.corrupt_fraction = mode, forward_ratio, corrupt_fraction
         self.require_plan, self.max_python = require_plan, max_python
-        self.sandbox_args = dict(unsafe=unsafe, workers=workers, time_s=time_s, memory_mb=memory_mb,
-                                 max_chars=max_output_chars, cache_size=cache_size)
+        self.sandbox_args = {"unsafe": unsafe, "workers": workers, "time_s": time_s, "memory_mb": memory_mb,
+                             "max_chars": max_output_chars, "cache_size": cache_size}
         self.case: VerifyCase | None = None
         self._reset_state()
 

@@ -115,6 +115,10 @@ class ValueModel(torch.nn.Module):
         quiet_transformers()
         path = Path(path)
         spec = json.loads((path / HEAD_CONFIG).read_text()) if (path / HEAD_CONFIG).is_file() else {"kind": "scalar"}
+        if spec["kind"] == "implicit":  # a DPO-style reward model (credo.models.implicit), loaded the same way
+            from credo.models.implicit import ImplicitRewardModel
+
+            return ImplicitRewardModel.load(path, device)
         model = cls(AutoModel.from_pretrained(path, local_files_only=True), spec["kind"], **spec.get("args", {}))
         model.value_head.load_state_dict(load_file(path / HEAD_FILE))
         return model.to(device)

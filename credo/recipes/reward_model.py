@@ -20,6 +20,7 @@ from credo.config import RunConfig
 from credo.data.preferences import PreferencePair, generate_pairs, load_pairs
 from credo.data.source import load_task_data
 from credo.models import ValueModel, load_or_build
+from credo.models.implicit import ImplicitRewardModel
 from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.train.metrics import MetricsLogger
 from credo.train.progress import StepProgress
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 
 def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
     r = cfg.rm
+    if r.method == "birm":  # a process reward model on self-labelled steps: its own recipe
+        from credo.recipes.birm import birm_train
+
+        return birm_train(cfg, run_dir=run_dir)
     if run_dir is None and cfg.run_name is None:
         cfg.run_name = f"{cfg.task.name}-rm-{r.method}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = prepare_run_dir(cfg, run_dir, resume=False)
@@ -39,12 +44,9 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
     if r.train_file is None and warm_start_enabled(cfg, fresh):  # generated pairs: the backbone first learns the task
         with MetricsLogger(run_dir, tensorboard=False) as logger:
             warm_start(cfg, policy, tokenizer, load_task_data(cfg.task, seed=cfg.seed), logger)
-    models = [ValueModel.from_policy(policy)]
-    if r.method == "crm":  # two peers from the same backbone, their heads drawn apart so that they can disagree
-        models.append(ValueModel.from_policy(policy))
-        for i, m in enumerate(models):
-            with torch.no_grad():
-                m.value_head.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(cfg.seed * 1009 + i))
+    models = [new_reward_model(cfg, policy, 0)]
+    if r.method == "crm":  # two peers from the same backbone (heads drawn apart so that they can disagree)
+        models.append(new_reward_model(cfg, policy, 1))
     log.info("reward model (%s): %d training pairs (%d flipped), %d held out", r.method, len(train),
              sum(p.flipped for p in train), len(held_out))
     summary: dict[str, float] = {}
@@ -81,6 +83,18 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
                 "eval_pairs": len(held_out), "data/bad_rows": len(bad)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return run_dir
+
+
+def new_reward_model(cfg: RunConfig, policy, index: int):
+    """A reward model started from the (warm-started) policy: a scalar-head ValueModel (CRM's peers get heads drawn
+    apart, seeded by ``index``), or an implicit reward model (``rm.model=implicit``)."""
+    if cfg.rm.model == "implicit":
+        return ImplicitRewardModel.from_policy(policy, beta=cfg.rm.beta)
+    model = ValueModel.from_policy(policy)
+    if cfg.rm.method == "crm":
+        with torch.no_grad():
+            model.value_head.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(cfg.seed * 1009 + index))
+    return model
 
 
 def preference_data(cfg: RunConfig) -> tuple[list[PreferencePair], list[PreferencePair], list]:

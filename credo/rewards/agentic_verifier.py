@@ -26,15 +26,29 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from credo.rewards.registry import register_reward
 from credo.types import Example, RewardResult
 
-__all__ = ["AgenticVerifier", "DEFAULT_W_FWD", "VerifierEpisode", "agentic_verifier_reward", "best_of_n",
-           "combine", "final_verdict", "multistage_reward", "parse_label", "parse_verdict", "verdict_logits",
-           "verdict_probability", "verdict_token_ids", "verifier_reward"]
+__all__ = [
+    "DEFAULT_W_FWD",
+    "AgenticVerifier",
+    "VerifierEpisode",
+    "agentic_verifier_reward",
+    "best_of_n",
+    "combine",
+    "final_verdict",
+    "multistage_reward",
+    "parse_label",
+    "parse_verdict",
+    "verdict_logits",
+    "verdict_probability",
+    "verdict_token_ids",
+    "verifier_reward",
+]
 
 DEFAULT_W_FWD = 0.7  # best-of-N weight of the forward agent (the backward agent gets 1 - w_fwd)
 PLAN_FORMAT_SCORE = 0.2  # multistage plan stage: the format part of 2 (format + plan_score - 0.5)

@@ -33,15 +33,18 @@ def response_batch(tokenizer, prompts: list[str], responses: list[str]) -> Train
 
 
 def rm_scores(rm: ValueModel, batch: TrainBatch, pooling: str = "last") -> torch.Tensor:
-    """(B,) a response's reward: the head's output at its last token (``last``, the usual ORM) or the mean of
-    the head's outputs over its tokens (``mean``: every response token is judged where it is read)."""
+    """(B,) a response's reward: the head's output at its last token (``last``, the usual ORM), the mean of
+    the head's outputs over its tokens (``mean``: every response token is judged where it is read), or their sum
+    (``sum``; an implicit reward model, :mod:`credo.models.implicit`, always sums)."""
+    pooling = getattr(rm, "pooling", None) or pooling
     device = next(rm.parameters()).device
     attn = batch.attention_mask.to(device)
     values = rm(batch.input_ids.to(device), attn, batch.position_ids.to(device))  # (B, L)
-    if pooling == "mean":
+    if pooling in ("mean", "sum"):
         p, t = batch.prompt_len, batch.responses.shape[1]
         mask = batch.response_mask.to(device)  # (B, T): response token t sits at column P + t
-        return (values[:, p : p + t] * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        total = (values[:, p : p + t] * mask).sum(-1)
+        return total if pooling == "sum" else total / mask.sum(-1).clamp(min=1.0)
     last = attn.shape[1] - 1 - attn.flip(-1).argmax(-1)  # (B,) index of the last 1
     return values.gather(1, last.unsqueeze(1)).squeeze(1)
 
