@@ -333,3 +333,20 @@ def test_credo_train_on_verify_completes_and_logs_rewards(tmp_path: Path):
     assert [m["step"] for m in steps] == [1, 2]
     for m in steps:
         assert -1.0 <= m["reward/mean"] <= 1.0 and m["agent/env_failures"] == 0
+
+
+def test_credo_train_with_the_agentic_verifier_as_reward(wide_model, tmp_path: Path):
+    from credo.cli.main import main
+    from credo.models.build import save_model
+    from credo.train.metrics import read_metrics
+    from tests.conftest import TINY_RUN
+
+    model, tok = wide_model
+    save_model(model, tok, tmp_path / "verifier")
+    kwargs = f"reward.kwargs={{model_path: {tmp_path / 'verifier'}, max_turns: 2, max_tokens_per_turn: 8}}"
+    assert main(["-q", "train", *TINY_RUN, "task.name=addition", "reward.name=agentic_verifier", kwargs,
+                 "train.steps=1", "eval.every=0", "task.eval_size=2", "eval.k=1", "log.tensorboard=false",
+                 "log.report=false", "log.progress=false", "checkpoint.save_final=false", f"output_dir={tmp_path}",
+                 "run_name=rm"]) == 0
+    (step1,) = [m for m in read_metrics(tmp_path / "rm" / "metrics.jsonl") if m.get("step") == 1]
+    assert step1["reward/verifier_failures"] == 0 and 0.0 <= step1["reward/mean"] <= 1.0

@@ -15,12 +15,11 @@ from credo.algo.critic import compute_critic_loss, critic_loss_requirements, fro
 from credo.algo.dvpo import dvpo_critic_terms
 from credo.cli.main import main
 from credo.config import ConfigError, load_config
-from credo.models import build_model
 from credo.models.value import HEAD_CONFIG, QuantileHead, ValueModel, VIBHead
 from credo.train.batch import collate
 from credo.train.metrics import read_metrics
 from credo.types import Example, RewardResult, Trajectory
-from tests.conftest import TINY, TINY_RUN, full_and_resumed_runs
+from tests.conftest import TINY_RUN, full_and_resumed_runs
 
 close = torch.testing.assert_close
 
@@ -108,10 +107,10 @@ def test_critic_loss_requirements_and_missing_inputs():
     assert critic_loss_requirements("clipped_mse") == ()
     assert critic_loss_requirements("dvpo") == ("quantiles", "return_quantiles")
     assert critic_loss_requirements("vrpo", {"aux_mode": "none"}) == ("kl",)
-    assert critic_loss_requirements("vrpo") == ("kl", "aux", "ref_entropy")  # defaults: weight mode, entropy
+    assert critic_loss_requirements("vrpo") == ("kl", "ref_entropy")  # defaults: weight mode (no aux head), entropy
     assert critic_loss_requirements("vrpo", {"aux_mode": "target", "aux_source": "surprisal"}) == \
         ("kl", "aux", "ref_logprobs")
-    with pytest.raises(ValueError, match="needs kl, aux, ref_entropy"):
+    with pytest.raises(ValueError, match="needs kl, ref_entropy"):
         compute_critic_loss("vrpo", response_mask=MASK, inputs=_inputs())
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         compute_critic_loss("vrpo", response_mask=MASK, inputs=_inputs(kl=V, aux=V, ref_entropy=V),
@@ -208,8 +207,8 @@ def test_value_model_save_load_round_trip(tmp_path, tiny_model, kind, args):
     loaded = ValueModel.load(tmp_path / "c")
     assert loaded.head_kind == kind and loaded.head_args == args
     ids = torch.randint(4, 20, (2, 6), generator=torch.Generator().manual_seed(0))
-    feed = dict(input_ids=ids, attention_mask=torch.ones(2, 6, dtype=torch.long),
-                position_ids=torch.arange(6).expand(2, 6))
+    feed = {"input_ids": ids, "attention_mask": torch.ones(2, 6, dtype=torch.long),
+            "position_ids": torch.arange(6).expand(2, 6)}
     critic.eval(), loaded.eval()
     with torch.no_grad():
         a, b = critic.outputs(**feed), loaded.outputs(**feed)
@@ -275,7 +274,7 @@ def test_dvpo_critic_update_is_exact_under_gradient_accumulation(tiny_model, agg
         critic = copy.deepcopy(base)
         opt = torch.optim.SGD(critic.parameters(), lr=1.0)
         metrics = update_critic(cfg, critic, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
-        results.append(([p0 - p for p0, p in zip(base.parameters(), critic.parameters())], metrics))
+        results.append(([(p0 - p).detach() for p0, p in zip(base.parameters(), critic.parameters())], metrics))
     (g_whole, m_whole), (g_micro, m_micro) = results
     assert sum(float(g.abs().sum()) for g in g_whole) > 0
     for a, b in zip(g_whole, g_micro):
@@ -349,7 +348,7 @@ def test_rm_reward_with_a_dvpo_critic_runs_and_resumes(tmp_path: Path, monkeypat
             assert math.isfinite(r[f"critic/dvpo_{term}"]), term
         assert "critic/vf_loss" in r and "critic/vf_clipfrac" not in r
     # each training reward = exact_match (0/1, = correct) + 0.5 * the reward model's raw score of the response
-    samples = [json.loads(line) for line in open(full / "rollouts.jsonl")]
+    samples = [json.loads(line) for line in (full / "rollouts.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 16
     rm = LocalRewardModel(rm_dir / "reward_model")
     rm_scores = rm.score([s["prompt"] for s in samples], [s["response"] for s in samples])

@@ -69,9 +69,13 @@ def dvpo_loss(*, values, response_mask, quantiles, return_quantiles, kappa: floa
 
 
 def _vrpo_needs(h: dict[str, Any]) -> tuple[str, ...]:
+    if h["aux_mode"] not in ("weight", "target", "none") or h["aux_source"] not in ("entropy", "surprisal"):
+        raise ValueError(f"vrpo: aux_mode must be weight|target|none and aux_source entropy|surprisal, got "
+                         f"{h['aux_mode']!r}, {h['aux_source']!r}")
     if h["aux_mode"] == "none":
         return ("kl",)
-    return ("kl", "aux", "ref_entropy" if h["aux_source"] == "entropy" else "ref_logprobs")
+    frozen = "ref_entropy" if h["aux_source"] == "entropy" else "ref_logprobs"
+    return ("kl", "aux", frozen) if h["aux_mode"] == "target" else ("kl", frozen)
 
 
 def frozen_lm_signal(stat: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -87,9 +91,7 @@ def vrpo_loss(*, values, old_values, returns, response_mask, kl=None, aux=None, 
               cliprange_value: float = 0.5, vib_beta: float = 1e-3, aux_mode: str = "weight",
               aux_source: str = "entropy", aux_coef: float = 0.5, weight_max: float = 3.0) -> TokenLoss:
     """VRPO reading (module docstring): w_t * L_clip,t + vib_beta * KL_t [+ aux_coef * (aux_t - x_t)^2]."""
-    if aux_mode not in ("weight", "target", "none") or aux_source not in ("entropy", "surprisal"):
-        raise ValueError(f"vrpo: aux_mode must be weight|target|none and aux_source entropy|surprisal, got "
-                         f"{aux_mode!r}, {aux_source!r}")
+    _vrpo_needs({"aux_mode": aux_mode, "aux_source": aux_source})  # validates both
     mse, clipped = clipped_sq_error(values, old_values, returns, cliprange_value)  # (B, T)
     metrics = {"vf_clipfrac": clipped.float(), "vpred_mean": values.detach(), "vib_kl": kl.detach()}
     loss = mse

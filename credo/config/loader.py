@@ -320,7 +320,7 @@ def validate_reward_mix(cfg: RunConfig) -> None:
 
 def validate_registries(cfg: RunConfig) -> None:
     from credo import algo
-    from credo.algo.critic import check_critic_loss_hparams
+    from credo.algo.critic import check_critic_loss_hparams, critic_loss_requirements
     from credo.data import get_task, list_tasks, task_param_names
     from credo.rewards import get_reward_fn
 
@@ -330,7 +330,9 @@ def validate_registries(cfg: RunConfig) -> None:
                     ("algo.policy_loss_args", lambda: algo.check_policy_loss_hparams(a.policy_loss, a.policy_loss_args)),
                     ("algo.advantage_args", lambda: algo.check_advantage_hparams(a.advantage, a.advantage_args)),
                     ("algo.kl_estimator", lambda: algo.canonical_kl(a.kl_estimator)),
-                    ("critic.loss_args", lambda: check_critic_loss_hparams(cfg.critic.loss, cfg.critic.loss_args))):
+                    ("critic.loss", lambda: check_critic_loss_hparams(cfg.critic.loss, {})),
+                    ("critic.loss_args", lambda: check_critic_loss_hparams(cfg.critic.loss, cfg.critic.loss_args)),
+                    ("critic.loss_args", lambda: critic_loss_requirements(cfg.critic.loss, cfg.critic.loss_args))):
         _wrap(key, fn)
     validate_critic(cfg)
     validate_reward_mix(cfg)

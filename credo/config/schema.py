@@ -137,7 +137,8 @@ class CriticConfig:
     weight_decay: float = opt(0.0, "critic AdamW weight decay", min=0.0)
     grad_clip: float = opt(1.0, "critic max gradient norm (0 = off)", min=0.0)
     head: str = opt("scalar", "value head: scalar (PPO), quantile (DVPO's N x M quantile ensemble) or vib (VRPO's "
-                    "information bottleneck)", choices=("scalar", "quantile", "vib"))
+                    "information bottleneck); flow (DFPO) raises NotImplementedError: its spec gives no formulas",
+                    choices=("scalar", "quantile", "vib", "flow"))
     head_args: dict = opt(None, "head shape: quantile {heads: 3, quantiles: 200}; vib {z_dim: 32}", factory=dict)
     loss: str = opt("clipped_mse", "critic loss (credo list critic_losses): clipped_mse, dvpo (quantile head, "
                     "algo.advantage=dvpo) or vrpo (vib head)")

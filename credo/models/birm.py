@@ -39,6 +39,8 @@ class BiRewardModel(torch.nn.Module):
         mean_embedding = lm.get_output_embeddings().weight.detach().float().mean(0)  # (H,)
         self.reward_head = BiHead(hidden, mean_embedding)
         self.value_head = BiHead(hidden, mean_embedding)
+        for head in (self.reward_head, self.value_head):
+            head.to(dtype=next(lm.parameters()).dtype)
 
     @classmethod
     def from_policy(cls, policy: torch.nn.Module) -> "BiRewardModel":

@@ -80,7 +80,8 @@ class VIBHead(torch.nn.Module):
         logvar = logvar.clamp(-20.0, 10.0)
         z = mu + torch.randn_like(mu) * (0.5 * logvar).exp() if self.training else mu
         kl = 0.5 * (mu.square() + logvar.exp() - 1.0 - logvar).sum(-1)  # (B, L)
-        return CriticOutput(values=self.value(z).squeeze(-1), kl=kl, aux=self.aux(z).squeeze(-1))
+        z = z.to(self.value.weight.dtype)
+        return CriticOutput(values=self.value(z).squeeze(-1).float(), kl=kl, aux=self.aux(z).squeeze(-1).float())
 
 
 def build_head(kind: str, hidden: int, **args) -> torch.nn.Module:
@@ -93,6 +94,12 @@ def build_head(kind: str, hidden: int, **args) -> torch.nn.Module:
         return QuantileHead(hidden, **args)
     if kind == "vib":
         return VIBHead(hidden, **args)
+    if kind == "flow":
+        raise NotImplementedError(
+            "critic.head=flow (DFPO's distributional value-flow critic) is not implemented: the spec names its parts "
+            "(a flow head over virtual time, conditional flow matching, anchor and geometric-consistency terms, CVaR "
+            "and tail shape) but gives no formula for any of them (seed-algorithms.md §14), so there is no reading "
+            "to implement; DVPO's quantile critic (critic.head=quantile) covers the CVaR and tail-shape terms")
     raise ValueError(f"unknown critic head {kind!r}; choose scalar, quantile or vib")
 
 
@@ -102,6 +109,7 @@ class ValueModel(torch.nn.Module):
         self.backbone = backbone
         self.head_kind, self.head_args = head, dict(head_args)
         self.value_head = build_head(head, backbone.config.hidden_size, **head_args)
+        self.value_head.to(dtype=next(backbone.parameters()).dtype)  # e.g. a bfloat16 backbone
 
     @classmethod
     def from_policy(cls, policy: torch.nn.Module, head: str = "scalar", **head_args) -> "ValueModel":

@@ -45,7 +45,10 @@ class LocalRewardModel:
             raise FileNotFoundError(f"{path}: not a saved reward model (no config.json); `credo rm train` writes "
                                     "RUN_DIR/reward_model")
         self.path, self.pooling, self.batch_size = str(path), pooling, batch_size
-        self.model = ValueModel.load(path, device).eval()
+        import torch
+
+        with torch.random.fork_rng(devices=[]):  # building the head draws random weights: keep the trainer's RNG
+            self.model = ValueModel.load(path, device).eval()
         self.tokenizer = load_tokenizer(path)
 
     def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
@@ -83,6 +86,10 @@ def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, ti
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 scores = json.loads(resp.read())["scores"]
             break
+        except urllib.error.HTTPError as exc:  # the server answered: a 4xx will not change on retry
+            if exc.code < 500 or attempt == retries:
+                raise
+            time.sleep(0.2 * 2 ** attempt)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             if attempt == retries:
                 raise
@@ -121,22 +128,23 @@ def reward_model(responses: Sequence[str], examples: Sequence[Example], *, path:
 def create_app(path: str | Path, *, device: str = "cpu", pooling: str = "last", batch_size: int = 64):
     """The FastAPI app of ``credo rm serve`` (module docstring)."""
     from fastapi import FastAPI, HTTPException
-    from pydantic import BaseModel
 
     model = LocalRewardModel(path, device=device, pooling=pooling, batch_size=batch_size)
     lock = threading.Lock()  # one forward at a time
     app = FastAPI(title="credo reward model")
 
-    class ScoreRequest(BaseModel):
-        prompts: list[str]
-        responses: list[str]
-
+    # a plain dict body (as credo's env server): under `from __future__ import annotations` a request model defined
+    # in this function is a string FastAPI cannot resolve, and it would expect a query parameter instead (422)
     @app.post("/score")
-    def score(req: ScoreRequest) -> dict:
-        if len(req.prompts) != len(req.responses):
+    def score(body: dict[str, Any]) -> dict:
+        prompts, responses = body.get("prompts"), body.get("responses")
+        if not isinstance(prompts, list) or not isinstance(responses, list) \
+                or not all(isinstance(s, str) for s in prompts + responses):
+            raise HTTPException(status_code=422, detail="expected {prompts: [str, ...], responses: [str, ...]}")
+        if len(prompts) != len(responses):
             raise HTTPException(status_code=422, detail="prompts and responses differ in length")
         with lock:
-            return {"scores": model.score(req.prompts, req.responses)}
+            return {"scores": model.score(prompts, responses)}
 
     @app.get("/health")
     def health() -> dict:
