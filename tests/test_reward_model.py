@@ -128,3 +128,50 @@ def test_rm_scores_read_the_last_token_or_the_response_mean(tiny_model):
         want_mean = torch.stack([values[i, p : p + n[i]].mean() for i in range(2)])
         torch.testing.assert_close(rm_scores(rm, batch, "last"), want_last)
         torch.testing.assert_close(rm_scores(rm, batch, "mean"), want_mean)
+
+
+def test_implicit_reward_is_beta_times_the_summed_log_ratio(tiny_model, tmp_path):
+    from credo.models import ValueModel
+    from credo.models.implicit import ImplicitRewardModel
+    from credo.train.reward_model import response_batch, rm_scores
+
+    model, tok = tiny_model
+    rm = ImplicitRewardModel.from_policy(model, beta=0.5)
+    batch = response_batch(tok, ["rev abc=", "rev hgfedc="], ["cba", "cdefghxx"])
+    assert torch.equal(rm_scores(rm, batch), torch.zeros(2))  # pi == pi_ref at the start: every reward 0
+    with torch.no_grad():
+        for p in rm.lm.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    # by hand: r = 0.5 * sum over the response tokens (incl. EOS) of log pi(y_t) - log pi_ref(y_t)
+    want = []
+    p_len = batch.prompt_len
+    for b in range(2):
+        n = int(batch.response_mask[b].sum())
+        ids = batch.input_ids[b : b + 1, : p_len + n]
+        kw = dict(attention_mask=batch.attention_mask[b : b + 1, : p_len + n],
+                  position_ids=batch.position_ids[b : b + 1, : p_len + n])
+        with torch.no_grad():
+            lp = [torch.log_softmax(m(input_ids=ids, **kw).logits[0].float(), -1) for m in (rm.lm, rm.reference[0])]
+        want.append(0.5 * sum(float(lp[0][p_len + t - 1, ids[0, p_len + t]] - lp[1][p_len + t - 1, ids[0, p_len + t]])
+                              for t in range(n)))
+    got = rm_scores(rm, batch).detach()
+    torch.testing.assert_close(got, torch.tensor(want), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(got, torch.zeros(2))
+    assert sum(p.numel() for p in rm.parameters()) == sum(p.numel() for p in model.parameters())  # ref not trained
+    rm.save(tmp_path / "imp")
+    again = ValueModel.load(tmp_path / "imp")  # the reward_model reward loads it the same way
+    assert isinstance(again, ImplicitRewardModel) and again.beta == 0.5
+    torch.testing.assert_close(rm_scores(again, batch).detach(), got)
+
+
+def test_rm_train_implicit_learns_generated_pairs(tmp_path):
+    from credo.cli.main import main
+
+    run = tmp_path / "imp"
+    assert main(["-q", "rm", "train", "--run-dir", str(run), "rm.model=implicit", "rm.pairs=64", "rm.eval_pairs=16",
+                 "rm.steps=8", "rm.batch_size=8", "rm.eval_every=0", "log.tensorboard=false", "log.progress=false",
+                 "warm_start.steps=2", "model.hidden_size=32", "model.intermediate_size=64"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["start/eval/pairwise_acc"] == 0.0  # every pair ties before training (a tie counts as wrong)
+    assert summary["final/eval/pairwise_acc"] > 0.5
+    assert (run / "reward_model" / "reference" / "config.json").is_file()

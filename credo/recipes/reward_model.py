@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
             logger.log(step, metrics)
             bar.update(step, metrics)
 
+        t0 = time.perf_counter()
         start = evaluate()
         logger.log(0, start)
         summary |= {f"start/{k}": v for k, v in start.items()}
@@ -75,6 +77,7 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
             train_bt(models[0], tokenizer, train, **common)
         final = evaluate()
         logger.log(r.steps, final)
+        summary["train_wall_s"] = round(time.perf_counter() - t0, 1)
         summary |= {f"final/{k}": v for k, v in final.items()}
     for i, m in enumerate(models):
         m.save(run_dir / ("reward_model" if i == 0 else "reward_model_b"))
