@@ -41,8 +41,8 @@ from credo.recipes.common import (
     run_eval,
     sampling_params,
     save_final,
-    training_runner,
     seed_everything,
+    training_runner,
     warm_start,
     warm_start_enabled,
     write_summary,
@@ -312,8 +312,8 @@ def collect(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Rollouts:
                                           sampling=sampling_params(cfg), timer=timer)
     else:
         rollouts = collect_rollouts(
-            parts.engine, training_runner(cfg, parts.runner, step), parts.sampler, prompts_per_step=cfg.train.prompts_per_step,
-            group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
+            parts.engine, training_runner(cfg, parts.runner, step), parts.sampler,
+            prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
             dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
             overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
         if cfg.reward.noise > 0:
