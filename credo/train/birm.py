@@ -117,6 +117,8 @@ def lm_loss(model, batch) -> torch.Tensor:
 def train_birm(model, tokenizer, samples: list[StepSample], *, steps: int, batch_size: int, lr: float,
                loss_on_llm: bool = False, seed: int = 0, grad_clip: float = 1.0, warmup_steps: int = 0,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
+    """BiRM training on random mini-batches of labelled responses (:func:`credo.algo.birm.birm_loss`, plus the
+    next-token loss with ``loss_on_llm``)."""
     rng = random.Random(f"credo/birm/{seed}")
     opt = build_optimizer(model, lr=lr)
     sched = build_scheduler(opt, warmup_steps=warmup_steps, total_steps=steps)
