@@ -38,6 +38,8 @@ class LocalRewardModel:
     """A loaded reward model that scores (prompt, response) batches."""
 
     def __init__(self, path: str | Path, *, device: str = "cpu", pooling: str = "last", batch_size: int = 64):
+        import torch
+
         from credo.models import ValueModel, load_tokenizer
 
         path = Path(path)
@@ -45,8 +47,6 @@ class LocalRewardModel:
             raise FileNotFoundError(f"{path}: not a saved reward model (no config.json); `credo rm train` writes "
                                     "RUN_DIR/reward_model")
         self.path, self.pooling, self.batch_size = str(path), pooling, batch_size
-        import torch
-
         with torch.random.fork_rng(devices=[]):  # building the head draws random weights: keep the trainer's RNG
             self.model = ValueModel.load(path, device).eval()
         self.tokenizer = load_tokenizer(path)
