@@ -190,6 +190,9 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
     if needs_critic(cfg):
         critic = ValueModel.load(cfg.critic.path, cfg.model.device) if cfg.critic.path else \
             ValueModel.from_policy(parts.model, cfg.critic.head, **cfg.critic.head_args)
+        if not isinstance(critic, ValueModel):  # ValueModel.load also loads implicit (LM-only) reward models
+            raise ValueError(f"critic.path={cfg.critic.path}: a {type(critic).__name__} has no value head and cannot "
+                             "be a critic")
         attach_critic(cfg, parts, critic)
     return state
 
