@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from credo.algo.aggregation import AggNorm, agg_loss, masked_mean
+from credo.algo.critic import clipped_sq_error  # the formula lives once, with the registered critic losses
 from credo.types import LossOutput
 
 
@@ -21,10 +22,8 @@ def value_loss(
 
     Metrics: vf_clipfrac = mean 1[clipped term larger]; vpred_mean = mean V.
     """
-    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
-    plain_sq = (values - returns).square()
-    clipped_sq = (clipped - returns).square()
-    loss = 0.5 * agg_loss(torch.maximum(plain_sq, clipped_sq), response_mask, agg, norm=norm)
-    metrics = {"vf_clipfrac": float(masked_mean((clipped_sq > plain_sq).float(), response_mask)),
+    per_token, clipped = clipped_sq_error(values, old_values, returns, cliprange_value)  # (B, T) each
+    loss = agg_loss(per_token, response_mask, agg, norm=norm)
+    metrics = {"vf_clipfrac": float(masked_mean(clipped.float(), response_mask)),
                "vpred_mean": float(masked_mean(values.detach(), response_mask))}
     return LossOutput(loss=loss, metrics=metrics)

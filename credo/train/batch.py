@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from credo.types import RewardResult, TrainBatch, Trajectory
+from credo.types import Example, RewardResult, TrainBatch, Trajectory
 
 
 def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int) -> TrainBatch:
@@ -34,3 +34,12 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
         scores=torch.tensor([r.score for r in rewards], dtype=torch.float32),
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
     )
+
+
+def token_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], *, pad_id: int) -> TrainBatch:
+    """Prompt + response token-id rows (every response token in the loss) in the :class:`TrainBatch` layout, for
+    scoring models (reward models, BiRM) outside a rollout."""
+    trajs = [Trajectory(example=Example("", ""), group_id=0, prompt_ids=p, response_ids=r,
+                        rollout_logprobs=[0.0] * len(r), response_mask=[1] * len(r), finish_reason="eos")
+             for p, r in zip(prompt_ids, response_ids)]
+    return collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=pad_id)

@@ -20,9 +20,9 @@ from typing import Callable
 import torch
 
 from credo.algo.birm import birm_loss, birm_score, mc_labels, step_ends
-from credo.train.batch import collate
+from credo.train.batch import token_batch
 from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
-from credo.types import Example, RewardResult, SamplingParams, Trajectory
+from credo.types import Example, SamplingParams
 
 
 @dataclass
@@ -36,10 +36,6 @@ class StepSample:
     reward_labels: list[float]
     value_labels: list[float]
     correct: bool
-
-
-def _texts(tokenizer, prefixes: list[list[int]]) -> list[str]:
-    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in prefixes]
 
 
 def label_steps(engine, runner, tokenizer, examples: list[Example], *, samples: int, rollouts: int, step_tokens: int,
@@ -58,12 +54,12 @@ def label_steps(engine, runner, tokenizer, examples: list[Example], *, samples: 
             jobs[end + 1].append((i, s))
     successes = [[0.0] * len(e) for e in ends]
     for length, items in sorted(jobs.items()):
-        prefixes = [trajs[i].prompt_ids + trajs[i].response_ids[:length] for i, _ in items for _ in range(rollouts)]
+        rows = [i for i, _ in items for _ in range(rollouts)]  # sample index of every continuation
         sp = dataclasses.replace(sampling, max_new_tokens=max(sampling.max_new_tokens - length, 1))
-        conts = engine.continue_ids(prefixes, sp)
-        texts = _texts(tokenizer, [trajs[i].response_ids[:length] + c.ids
-                                   for (i, _), c in zip([it for it in items for _ in range(rollouts)], conts)])
-        results = runner.score(texts, [trajs[i].example for i, _ in items for _ in range(rollouts)])
+        conts = engine.continue_ids([trajs[i].prompt_ids + trajs[i].response_ids[:length] for i in rows], sp)
+        texts = [tokenizer.decode(trajs[i].response_ids[:length] + c.ids, skip_special_tokens=True)
+                 for i, c in zip(rows, conts)]
+        results = runner.score(texts, [trajs[i].example for i in rows])
         for k, (i, s) in enumerate(items):
             successes[i][s] = sum(float(r.correct) for r in results[k * rollouts : (k + 1) * rollouts])
     out = []
@@ -77,10 +73,7 @@ def label_steps(engine, runner, tokenizer, examples: list[Example], *, samples: 
 
 def step_batch(tokenizer, prompt_ids: list[list[int]], response_ids: list[list[int]]):
     """Rows in credo's batch layout (:class:`credo.types.TrainBatch`) for prompt + response token ids."""
-    trajs = [Trajectory(example=Example("", ""), group_id=0, prompt_ids=p, response_ids=r,
-                        rollout_logprobs=[0.0] * len(r), response_mask=[1] * len(r), finish_reason="eos")
-             for p, r in zip(prompt_ids, response_ids)]
-    return collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tokenizer.pad_token_id)
+    return token_batch(prompt_ids, response_ids, pad_id=tokenizer.pad_token_id)
 
 
 def _heads(model, batch):

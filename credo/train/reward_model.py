@@ -14,22 +14,17 @@ from credo.algo.reward_model import (bradley_terry_loss, curriculum_order, keep_
 from credo.data.preferences import PreferencePair
 from credo.models import ValueModel
 from credo.models.tokenizer import encode_prompt, encode_response
-from credo.train.batch import collate
+from credo.train.batch import token_batch
 from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
-from credo.types import Example, RewardResult, TrainBatch, Trajectory
+from credo.types import TrainBatch
 
 OnStep = Callable[[int, dict[str, float]], None]
 
 
 def response_batch(tokenizer, prompts: list[str], responses: list[str]) -> TrainBatch:
     """Prompt + response (+ EOS) rows in credo's batch layout."""
-    trajs = []
-    for prompt, text in zip(prompts, responses):
-        resp = encode_response(tokenizer, text)
-        trajs.append(Trajectory(example=Example(prompt, ""), group_id=0, prompt_ids=encode_prompt(tokenizer, prompt),
-                                response_ids=resp, rollout_logprobs=[0.0] * len(resp), response_mask=[1] * len(resp),
-                                finish_reason="eos"))
-    return collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tokenizer.pad_token_id)
+    return token_batch([encode_prompt(tokenizer, p) for p in prompts],
+                       [encode_response(tokenizer, r) for r in responses], pad_id=tokenizer.pad_token_id)
 
 
 def rm_scores(rm: ValueModel, batch: TrainBatch, pooling: str = "last") -> torch.Tensor:
