@@ -215,7 +215,7 @@ def test_every_estimator_has_a_test():
     from credo.algo import list_advantage_estimators
 
     tested = {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "remax", "opo", "grpo_passk",
-              "reinforce_pp_baseline", "evpo", "papo", "dvpo"}  # dvpo: tests/test_dvpo.py
+              "reinforce_pp_baseline", "evpo", "papo", "dvpo", "attnrl"}  # dvpo, attnrl: tests/test_{dvpo,attnrl}.py
     assert set(list_advantage_estimators()) == tested
 
 

@@ -87,6 +87,45 @@ def test_model_heads_start_as_the_spec_says(tmp_path):
     torch.testing.assert_close(again(ids, attn, pos)[1], model(ids, attn, pos)[1])
 
 
+def test_logratio_heads_hand_computed():
+    from credo.algo.birm import logratio_heads
+
+    lp = torch.tensor([[-1.0, -0.5, -2.0]])
+    ref = torch.tensor([[-2.0, -0.5, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third position is padding
+    reward, value = logratio_heads(lp, ref, mask, beta=0.5, reward_bias=0.0, value_bias=-1.0)
+    # log-ratios 1, 0, (masked); Q = 0.5 * cumsum = 0.5, 0.5, 0.5
+    q = torch.tensor([[0.5, 0.5, 0.5]])
+    torch.testing.assert_close(reward, torch.sigmoid(q))
+    torch.testing.assert_close(value, torch.sigmoid(q - 1.0))
+
+
+def test_logratio_birm_starts_neutral_and_round_trips(tmp_path):
+    from credo.config import ModelConfig
+    from credo.models import build_model
+    from credo.models.birm import BiRewardModel, LogRatioBiRM
+    from credo.train.batch import token_batch
+
+    policy, tok = build_model(ModelConfig(hidden_size=32, intermediate_size=64), seed=0)
+    model = LogRatioBiRM.from_policy(policy, beta=0.3)
+    batch = token_batch([[1, 5, 6], [1, 7]], [[8, 9, 2], [10, 2]], pad_id=tok.pad_token_id)
+    reward, value = model.step_heads(batch)
+    # the LM is still the generator: every log-ratio is 0, so both heads read sigmoid(0 + 0) = 0.5
+    torch.testing.assert_close(reward, torch.full((2, 3), 0.5))
+    torch.testing.assert_close(value, torch.full((2, 3), 0.5))
+    assert not any(p.requires_grad for p in model.reference[0].parameters())
+    with torch.no_grad():  # a trained model: the LM moved, the biases learned
+        model.lm.get_output_embeddings().weight.mul_(1.5)
+        model.value_bias.fill_(-0.7)
+    before = model.step_heads(batch)
+    model.save(tmp_path / "birm")
+    again = BiRewardModel.load(tmp_path / "birm")  # the loader dispatches on birm.json
+    assert isinstance(again, LogRatioBiRM) and again.beta == 0.3
+    for a, b in zip(again.step_heads(batch), before):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(before[1], torch.full((2, 3), 0.5))
+
+
 # ------------------------------------------------------------------ scripted engine, runner and model
 
 class Tok:
@@ -156,6 +195,10 @@ class ScriptedBiRM(torch.nn.Module):
         x = input_ids.float() + 0 * self.w
         return x, x, None
 
+    from credo.models.birm import BiRewardModel
+
+    step_heads = BiRewardModel.step_heads  # the response span of forward's outputs
+
 
 def test_score_responses_reads_the_step_ends():
     s = score_responses(ScriptedBiRM(), Tok(), [[5, 5], [5]], [[2, 3, 4], [6, 8]], step_tokens=2, beta=0.5)
@@ -198,3 +241,26 @@ def test_beam_search_follows_the_score():
     # round 3: [2, 3, 8, 8, 4, EOS] 1 + (3 + 8 + 1)/3 = 5; [2, 3, 8, 8, 8, 8] (the 6-token budget: finished)
     #          8 + (3 + 8 + 8)/3 = 14.33 -> kept, all finished
     assert ids == [2, 3, 8, 8, 8, 8]
+
+
+@pytest.mark.parametrize("heads", ["linear", "logratio"])
+def test_birm_recipe_through_the_cli(tmp_path, heads):
+    import json
+
+    from credo.cli.main import main
+    from credo.models.birm import BiRewardModel, LogRatioBiRM
+    from tests.conftest import TINY_RUN
+
+    run = tmp_path / "run"
+    assert main(["rm", "train", "--run-dir", str(run), *TINY_RUN, "rm.method=birm", f"birm.heads={heads}",
+                 "birm.prompts=4", "birm.samples=2", "birm.rollouts=2", "birm.steps=2", "birm.batch_size=4",
+                 "birm.eval_prompts=4", "birm.best_of=2", "birm.beam_width=1", "birm.beam_expand=1",
+                 "log.progress=false"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["labelled_responses"] == 8 and summary["best_of"] == 2
+    for key in ("final/bon/birm", "final/bon/logprob_sum", "final/bon/pass", "final/eval/beam_acc"):
+        assert 0.0 <= summary[key] <= 1.0, key
+    model = BiRewardModel.load(run / "birm")
+    assert isinstance(model, LogRatioBiRM) == (heads == "logratio")
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("birm/value_loss" in r for r in steps)

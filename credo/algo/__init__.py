@@ -128,6 +128,7 @@ def compute_advantages(
     entropy_direction: torch.Tensor | None = None,  # (B, T) S_k - C of the behaviour policy (papo)
     entropy_history: list[float] | None = None,  # batch-mean entropies so far (papo)
     value_quantiles: torch.Tensor | None = None,  # (B, T, M) quantile critic's head-mean quantiles (dvpo)
+    tree_paths: list | None = None,  # (B,) credo.algo.attnrl.TreePath of every row (attnrl)
     **hparams: Any,
 ) -> AdvantageOutput:
     """Advantages (and returns where defined) of the registered estimator ``name``.
@@ -139,7 +140,7 @@ def compute_advantages(
     check_hparams(ADVANTAGE_ESTIMATORS, "advantage estimator", name, hparams)
     given = {"rewards": rewards, "group_ids": group_ids, "response_mask": response_mask.float(), "values": values,
              "reward_baselines": reward_baselines, "entropy_direction": entropy_direction,
-             "entropy_history": entropy_history, "value_quantiles": value_quantiles}
+             "entropy_history": entropy_history, "value_quantiles": value_quantiles, "tree_paths": tree_paths}
     missing = [n for n in entry.requirements(hparams) if given.get(n) is None]
     if missing:
         raise ValueError(f"advantage estimator {name!r} needs {', '.join(missing)}")

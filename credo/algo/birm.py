@@ -12,6 +12,11 @@ Loss (the released code): ``L = L_LM + (1/B) sum_labelled (v_t - y^val_t)^2 + (1
 squared errors summed over the labelled positions and divided by the number of sequences ``B``; ``L_LM`` only with
 ``loss_on_llm``.
 
+Heads. The spec's heads are linear on the last hidden state (:class:`credo.models.birm.BiRewardModel`). [credo
+extension] :func:`logratio_heads` reads both heads from the LM's token log-ratios against the frozen generator
+instead, the implicit-PRM reading (Q_t = beta * sum_{s<=t} log pi(y_s)/pi_ref(y_s) is the prefix's value):
+``V_t = sigmoid(Q_t + b_V)``, ``R_t = sigmoid(Q_t + b_R)`` — trained with the same loss on the same labels.
+
 Score: ``score = V_last + beta * agg_t(R_t)`` over a response's steps, ``agg`` mean (default), min, max or last. The
 paper puts beta on the value term; the code puts it on the reward term; the two rank the same up to rescaling, credo
 follows the code.
@@ -59,6 +64,21 @@ def birm_loss(
     reward_term = ((reward_pred.float() - reward_labels.float()).square() * m).sum() / b
     return value_term + reward_term, {"birm/value_loss": float(value_term.detach()),
                                       "birm/reward_loss": float(reward_term.detach())}
+
+
+def logratio_heads(
+    logprobs: torch.Tensor,  # (B, T) log pi(y_t | prefix) of the response tokens, the model being trained
+    ref_logprobs: torch.Tensor,  # (B, T) the same under the frozen generator
+    response_mask: torch.Tensor,  # (B, T) 1 on real response tokens
+    *,
+    beta: float,
+    reward_bias: torch.Tensor | float = 0.0,
+    value_bias: torch.Tensor | float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(reward (B, T), value (B, T)) at every response position: Q_t = beta * sum_{s<=t} m_s (logprobs_s -
+    ref_logprobs_s); R_t = sigmoid(Q_t + reward_bias), V_t = sigmoid(Q_t + value_bias)."""
+    q = beta * ((logprobs.float() - ref_logprobs.float()) * response_mask).cumsum(-1)  # (B, T)
+    return torch.sigmoid(q + reward_bias), torch.sigmoid(q + value_bias)
 
 
 def birm_score(

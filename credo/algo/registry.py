@@ -27,7 +27,7 @@ import torch
 
 LOSS_TENSOR_ARGS = ("logprobs", "old_logprobs", "advantages", "response_mask", "entropy", "ref_logprobs")
 ADV_TENSOR_ARGS = ("rewards", "group_ids", "response_mask", "values", "reward_baselines", "entropy_direction",
-                   "entropy_history", "value_quantiles")
+                   "entropy_history", "value_quantiles", "tree_paths")
 
 
 @dataclass

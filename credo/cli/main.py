@@ -74,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--device", default="cpu")
     q.set_defaults(func=cmd_rm_serve)
 
+    p = sub.add_parser("rlep", help="RLEP experience replay: collect a pool of verified answers from a checkpoint")
+    rlep_sub = p.add_subparsers(dest="rlep_command", required=True, metavar="ACTION")
+    q = rlep_sub.add_parser("collect", help="sample replay.collect_samples answers per training prompt, keep the "
+                            "verified ones (replay.* settings) -> JSONL for replay.pool")
+    q.add_argument("target", help="a run directory (final model or latest checkpoint), RUN/checkpoints/step_N, or a "
+                   "Hugging Face model directory")
+    q.add_argument("--out", default="replay_pool.jsonl", help="pool file to write (default replay_pool.jsonl)")
+    _config_args(q)
+    q.set_defaults(func=cmd_rlep_collect)
+
     p = sub.add_parser("eval", help="held-out greedy accuracy and avg@k of a model or run")
     p.add_argument("target", help="a run directory (uses its config and final model) or a Hugging Face model dir")
     _config_args(p)
@@ -177,6 +187,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     run_dir = sft(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
     _print_summary(run_dir)
+    return 0
+
+
+def cmd_rlep_collect(args: argparse.Namespace) -> int:
+    from credo.recipes.rlep import rlep_collect
+
+    stats = rlep_collect(Path(args.target), Path(args.out), args.config, args.overrides)
+    print(f"pool: {args.out} ({stats['stored_answers']} answers of {stats['stored_prompts']}/{stats['prompts']} "
+          f"prompts; sampled accuracy {stats['sampled_accuracy']:.3f})")
     return 0
 
 

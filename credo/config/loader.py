@@ -318,6 +318,57 @@ def validate_reward_mix(cfg: RunConfig) -> None:
         raise ConfigError("reward.noise: single-turn tasks only (agent rewards come from the environments)")
 
 
+def validate_replay(cfg: RunConfig) -> None:
+    p = cfg.replay
+    if p.pool is None:
+        return
+    if cfg.agent.envs or cfg.agent.stages:
+        raise ConfigError("replay.pool: experience replay is for single-turn tasks (agent episodes are not replayed)")
+    if p.num == 0 and p.negative == 0:
+        raise ConfigError("replay.pool: set with replay.num=0 and replay.negative=0 replays nothing")
+
+
+def validate_vepo(cfg: RunConfig) -> None:
+    """VEPO: a known perturbation with accepted arguments, single-turn prompts, one token selection at a time."""
+    from credo.train.grounding import check_perturbation_args, get_perturbation
+
+    v = cfg.vepo
+    if not v.enabled:
+        return
+    _wrap("vepo.perturb", lambda: get_perturbation(v.perturb))
+    _wrap("vepo.perturb_args", lambda: check_perturbation_args(v.perturb, v.perturb_args))
+    if cfg.agent.envs or cfg.agent.stages:
+        raise ConfigError("vepo.enabled: not implemented for multi-turn agent episodes (VEPO perturbs the grounding "
+                          "span of a single-turn prompt)")
+    if cfg.algo.top_entropy_quantile < 1.0:
+        raise ConfigError("vepo.enabled: choose one token selection; VEPO already couples with entropy, set "
+                          "algo.top_entropy_quantile=1.0")
+
+
+def validate_attnrl(cfg: RunConfig) -> None:
+    """AttnRL tree rollouts replace the single-turn collection; the pieces that assume plain groups are refused."""
+    a, d = cfg.attnrl, cfg.distributed
+    if cfg.algo.advantage == "attnrl" and not a.enabled:
+        raise ConfigError("algo.advantage=attnrl: needs attnrl.enabled=true (its segment advantages are read from the "
+                          "tree rollouts)")
+    if not a.enabled:
+        return
+    if cfg.algo.advantage == "attnrl" and cfg.algo.kl_in_reward:
+        raise ConfigError("algo.kl_in_reward: not implemented with algo.advantage=attnrl (the tree values use the "
+                          "leaf scores); put the KL in the loss (kl_in_reward=false)")
+    for key, bad, why in (
+            ("agent.envs", bool(cfg.agent.envs or cfg.agent.stages), "tree rollouts are for single-turn tasks"),
+            ("algo.filter_groups", cfg.algo.filter_groups or cfg.algo.dynamic_sampling,
+             "tree rollouts filter with attnrl.filter_zero_std and size batches with attnrl.dynamic_batch"),
+            ("replay.pool", cfg.replay.pool is not None, "replayed answers have no rollout tree"),
+            ("distributed.rollout", d.backend == "torchrun" and d.rollout == "shard",
+             "the dynamic batch size is per run, not per rank; use distributed.rollout=replicate"),
+            ("rollout.one_step_off", cfg.rollout.one_step_off and (d.backend == "ray" or cfg.rollout.engine != "hf"),
+             "the FCI pass needs the sampling policy's in-process copy (rollout.engine=hf without Ray)")):
+        if bad:
+            raise ConfigError(f"{key}: not implemented with attnrl.enabled ({why})")
+
+
 def validate_registries(cfg: RunConfig) -> None:
     from credo import algo
     from credo.algo.critic import check_critic_loss_hparams, critic_loss_requirements
@@ -336,6 +387,9 @@ def validate_registries(cfg: RunConfig) -> None:
         _wrap(key, fn)
     validate_critic(cfg)
     validate_reward_mix(cfg)
+    validate_attnrl(cfg)
+    validate_vepo(cfg)
+    validate_replay(cfg)
     if cfg.task.name != "file":
         if cfg.task.name not in list_tasks():
             close = difflib.get_close_matches(cfg.task.name, list_tasks(), n=1)

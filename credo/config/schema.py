@@ -317,6 +317,10 @@ class BiRMConfig:
     step_tokens: int = opt(2, "response tokens per step", min=1)
     reward_label: str = opt("hard", "reward-head label of a prefix: hard (any continuation accepted) or soft",
                             choices=("hard", "soft"))
+    heads: str = opt("linear", "linear = the paper's heads on the last hidden state; logratio = both heads read "
+                     "the LM's token log-ratios against the frozen generator, sigmoid(beta * sum log pi/pi_ref + b) "
+                     "(a credo extension; docs/reward_models.md)", choices=("linear", "logratio"))
+    logratio_beta: float = opt(0.3, "heads=logratio: beta scaling the summed log-ratios", min=0.0)
     steps: int = opt(300, "optimizer steps", min=1)
     batch_size: int = opt(32, "responses per step", min=1)
     lr: float = opt(1e-3, "learning rate", min=0.0)
@@ -327,6 +331,92 @@ class BiRMConfig:
     best_of: int = opt(8, "N of best-of-N", min=1)
     beam_width: int = opt(4, "step-level beam search: beams kept (0 = skip the search)", min=0)
     beam_expand: int = opt(4, "step-level beam search: sampled steps per beam", min=1)
+
+
+@dataclass
+class ReplayConfig:
+    pool: str | None = opt(None, "RLEP experience replay: a pool JSONL from `credo rlep collect`; warm_start = "
+                           "collect it at the start of the run from the warm-started policy (RUN_DIR/replay_pool.jsonl); "
+                           "null = no replay")
+    num: int = opt(2, "replayed verified-correct answers added to each prompt's group (M; G' = group_size + M)",
+                   min=0)
+    fill_missing: bool = opt(False, "the reference code's behaviour: a prompt with fewer than M stored answers gets "
+                             "empty responses in the missing slots (scored as failures); false = the group holds "
+                             "only the answers that exist")
+    negative: int = opt(0, "negative replay: stored failed answers added to each group (needs a pool collected with "
+                        "replay.collect_negatives; the paper found no gain)", min=0)
+    refresh: bool = opt(False, "add the fresh samples the verifier accepts to the pool during training (the "
+                        "reference's dynamic_replay_exp; off: the pool is static)")
+    refresh_max: int = opt(16, "refresh: stored answers kept per prompt (the oldest go first)", min=1)
+    collect_samples: int = opt(16, "credo rlep collect: answers sampled per prompt (the paper: 64)", min=1)
+    collect_temperature: float = opt(0.7, "credo rlep collect: sampling temperature", min=0.0)
+    collect_top_p: float = opt(0.95, "credo rlep collect: nucleus mass", min=0.0, max=1.0)
+    collect_min_correct: int = opt(2, "credo rlep collect: a prompt is stored only with at least this many verified "
+                                   "answers", min=1)
+    collect_prompts: int | None = opt(None, "credo rlep collect: training prompts to sample (null = all)", min=1)
+    collect_negatives: bool = opt(False, "credo rlep collect: also store failed answers (for replay.negative)")
+
+
+@dataclass
+class VepoConfig:
+    enabled: bool = opt(False, "VEPO grounding-sensitive token selection: a second no-grad forward with the prompt's "
+                        "grounding span perturbed; score = Vis * H with Vis = jsd_weight JSD + gap_weight max(H_pert - "
+                        "H, 0); only the top_fraction tokens get gradient credit (docs/algorithms/vepo.md)")
+    top_fraction: float = opt(0.2, "share of the valid response tokens selected, k = ceil(fraction * n) (the 80/20 "
+                              "rule)", min=0.0, max=1.0)
+    jsd_weight: float = opt(1.0, "weight of the JSD between the intact and perturbed next-token distributions",
+                            min=0.0)
+    gap_weight: float = opt(1.0, "weight of the entropy gap max(H(perturbed) - H(intact), 0)", min=0.0)
+    normalize: str = opt("none", "divide each Vis term by its mean over the batch's / sequence's tokens before "
+                         "weighting (none = raw nats)", choices=("none", "batch", "sequence"))
+    perturb: str = opt("shuffle", "perturbation of the grounding spans: shuffle (permute the span characters), "
+                       "random, mask, or module:function (credo.train.grounding)")
+    perturb_args: dict = opt(None, "perturbation keyword arguments, e.g. {fill: '#'} for mask", factory=dict)
+    scope: str = opt("batch", "rank tokens over the whole batch or within each sequence", choices=("batch", "sequence"))
+    apply: str = opt("mask", "mask = the selection multiplied into the loss mask; advantage_mask = advantages of "
+                     "unselected tokens zeroed (loss mask kept); reweight = advantages times score / mean score",
+                     choices=("mask", "advantage_mask", "reweight"))
+    max_weight: float = opt(3.0, "apply=reweight: cap of the per-token weights", min=0.0)
+
+
+@dataclass
+class AttnRLConfig:
+    enabled: bool = opt(False, "AttnRL tree rollouts: n = rollout.group_size samples per prompt, FCI step scores "
+                        "from the policy's attention, branch continuations from high-FCI steps, every root-to-leaf "
+                        "path one training row (pair with algo.advantage=attnrl; docs/algorithms/attnrl.md)")
+    num_splits: int = opt(2, "branch points per branched response (N)", min=1)
+    branch_samples: int = opt(2, "continuations sampled from each branch point (the released trainers' T = 2; "
+                              "the spec's text says one)", min=1)
+    quantile: float = opt(0.8, "branch candidates: steps whose FCI is >= this quantile of the response's scores",
+                          min=0.0, max=1.0)
+    ignore: int = opt(4, "FCI: a step's score sums the attention of the steps at least this many steps later "
+                      "(Delta)", min=0)
+    min_position: int = opt(512, "a branch point must start at least this many tokens into the sequence (prompt + "
+                            "response, as the reference measures it)", min=0)
+    min_gap: int = opt(512, "tokens between the spans of two branch steps of one response", min=0)
+    step_tokens: int = opt(0, "steps: 0 = cut after tokens containing a blank line (fallback a newline, fallback "
+                           "every token); k > 0 = fixed chunks of k tokens", min=0)
+    think_end: str | None = opt("</think>", "FCI is 0 from the step holding the last token that decodes to this "
+                                "marker on (null = off)")
+    budget: str = opt("exp", "responses branched per problem: exp = ceil(n exp(-accuracy)); uniform = all n",
+                      choices=("exp", "uniform"))
+    easy_filter: bool = opt(True, "all-correct problems are branched only if their mean FCI exceeds the running mean "
+                            "over all-correct problems, else dropped (mc_type=attention_based_filtering)")
+    filter_zero_std: bool = opt(True, "drop problems whose trained paths all have the same reward "
+                                "(filter_zero_std_adv_to_train)")
+    train_unbranched: bool = opt(False, "also train on responses that were not branched (the reference skips these "
+                                 "one-node paths; they still count in the root value)")
+    dynamic_batch: bool = opt(True, "adapt the prompts per step so that about valid_factor * prompts_per_step * "
+                              "group_size rows are trained per step")
+    valid_factor: float = opt(5.0, "dynamic batch: target trained rows = valid_factor * prompts_per_step * "
+                              "group_size", min=0.0)
+    batch_ema: float = opt(0.1, "dynamic batch: B <- ceil(batch_ema * floor(B * target / EMA(valid)) + (1 - "
+                           "batch_ema) * B)", min=0.0, max=1.0)
+    valid_ema: float = opt(1.0, "dynamic batch: EMA weight of the newest trained-row count (1 = the last step's)",
+                           min=0.0, max=1.0)
+    max_prompts: int | None = opt(None, "dynamic batch: upper bound on the prompts per step (null = none, as the "
+                                  "release)", min=1)
+    fci_micro_batch: int = opt(16, "sequences per attention forward of the FCI pass", min=1)
 
 
 @dataclass
@@ -349,3 +439,6 @@ class RunConfig:
     distributed: DistributedConfig = opt(None, factory=DistributedConfig)
     rm: RewardModelConfig = opt(None, factory=RewardModelConfig)
     birm: BiRMConfig = opt(None, factory=BiRMConfig)
+    attnrl: AttnRLConfig = opt(None, factory=AttnRLConfig)
+    replay: ReplayConfig = opt(None, factory=ReplayConfig)
+    vepo: VepoConfig = opt(None, factory=VepoConfig)

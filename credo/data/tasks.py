@@ -15,6 +15,10 @@ Built-ins:
 - ``addition``: ``"12+34="`` -> ``"46"`` (verifier ``exact_match``)
 - ``countdown``: ``"3 5 2 to 16:"`` -> ``"(3+5)*2"`` (verifier ``countdown``: the expression must use
   each number exactly once and evaluate to the target in exact rational arithmetic)
+
+Each built-in marks its grounding span(s) in ``Example.meta["grounding"]``: half-open character spans of the
+prompt holding what the answer is computed from (the string to reverse, the operands, the numbers and the
+target), which VEPO perturbs (``credo.train.grounding``).
 """
 from __future__ import annotations
 
@@ -166,7 +170,8 @@ class ReversalTask(Task):
         letters = string.ascii_lowercase[: self.alphabet_size]
         length = rng.randint(self.min_len, self.max_len)
         s = "".join(rng.choice(letters) for _ in range(length))
-        return Example(prompt=f"rev {s}=", answer=s[::-1], uid=self._uid(split, index))
+        return Example(prompt=f"rev {s}=", answer=s[::-1], uid=self._uid(split, index),
+                       meta={"grounding": [(4, 4 + len(s))]})
 
 
 @register_task("addition")
@@ -183,7 +188,9 @@ class AdditionTask(Task):
         lo = 10 ** (self.digits - 1) if self.digits > 1 else 0
         hi = 10**self.digits - 1
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        return Example(prompt=f"{a}+{b}=", answer=str(a + b), uid=self._uid(split, index))
+        la, lb = len(str(a)), len(str(b))
+        return Example(prompt=f"{a}+{b}=", answer=str(a + b), uid=self._uid(split, index),
+                       meta={"grounding": [(0, la), (la + 1, la + 1 + lb)]})
 
 
 # Countdown expression trees. A node is rendered with the fewest parentheses that keep its meaning:
@@ -227,6 +234,16 @@ def _random_expr(rng: random.Random, numbers: list[int]) -> _Expr:
     return _combine(rng.choice(ops), left, right)
 
 
+def _number_spans(numbers: list[int], target: int) -> list[tuple[int, int]]:
+    """Character spans of each number and of the target in ``"n1 n2 ... to T:"``."""
+    spans, at = [], 0
+    for n in numbers:
+        spans.append((at, at + len(str(n))))
+        at += len(str(n)) + 1
+    at += len("to ")
+    return spans + [(at, at + len(str(target)))]
+
+
 @register_task("countdown")
 @dataclass
 class CountdownTask(Task):
@@ -257,7 +274,7 @@ class CountdownTask(Task):
                     prompt=f"{' '.join(map(str, numbers))} to {target}:",
                     answer=expr.text,
                     uid=self._uid(split, index),
-                    meta={"numbers": numbers, "target": target},
+                    meta={"numbers": numbers, "target": target, "grounding": _number_spans(numbers, target)},
                 )
         raise ValueError(
             f"task 'countdown' found no positive integer target <= max_target={self.max_target} in "

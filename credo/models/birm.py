@@ -3,16 +3,22 @@ scalar heads on the last hidden state, a reward head and a value head. Each head
 ``Linear(Dropout_0.2(g * h + b))`` with learned scalars ``g`` (1) and ``b`` (0); the linear weight starts as the mean
 output-embedding vector (bias 0). Raw regression outputs, no sigmoid. The LM head is kept for the optional
 next-token loss (``loss_on_llm``). Saved as the LM's Hugging Face directory plus ``birm_heads.safetensors``.
+
+:class:`LogRatioBiRM` (``birm.heads=logratio``, a credo extension) reads both heads from the LM's token
+log-ratios against the frozen generator (:func:`credo.algo.birm.logratio_heads`); saved with the generator under
+``reference/`` and ``birm.json``. :meth:`BiRewardModel.load` loads either kind.
 """
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 HEADS_FILE = "birm_heads.safetensors"
+KIND_FILE = "birm.json"  # {"heads": "logratio", "beta": ...}; absent = the linear heads
 
 
 class BiHead(torch.nn.Module):
@@ -48,14 +54,11 @@ class BiRewardModel(torch.nn.Module):
         return cls(copy.deepcopy(policy))
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu") -> "BiRewardModel":
-        from transformers import AutoModelForCausalLM
-
-        from credo.models.build import quiet_transformers
-
-        quiet_transformers()
+    def load(cls, path: str | Path, device: str = "cpu") -> "BiRewardModel | LogRatioBiRM":
         path = Path(path)
-        model = cls(AutoModelForCausalLM.from_pretrained(path, local_files_only=True))
+        if (path / KIND_FILE).is_file():
+            return LogRatioBiRM.load(path, device)
+        model = cls(_load_lm(path))
         heads = load_file(path / HEADS_FILE)
         for name in ("reward_head", "value_head"):
             getattr(model, name).load_state_dict({k.split(".", 1)[1]: v for k, v in heads.items()
@@ -78,3 +81,83 @@ class BiRewardModel(torch.nn.Module):
         h = out.last_hidden_state
         logits = self.lm.get_output_embeddings()(h) if with_logits else None
         return self.reward_head(h), self.value_head(h), logits
+
+    def step_heads(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reward and value head outputs at every response position of a :class:`TrainBatch`, (B, T) each."""
+        device = next(self.parameters()).device
+        reward, value, _ = self(batch.input_ids.to(device), batch.attention_mask.to(device),
+                                batch.position_ids.to(device))
+        p, t = batch.prompt_len, batch.responses.shape[1]
+        return reward[:, p : p + t], value[:, p : p + t]
+
+
+def _load_lm(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    from credo.models.build import quiet_transformers
+
+    quiet_transformers()
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+
+
+class LogRatioBiRM(torch.nn.Module):
+    """BiRM whose two heads read the LM's token log-ratios against the frozen generator: ``Q_t = beta *
+    sum_{s<=t} log pi(y_s)/pi_ref(y_s)``, ``R_t = sigmoid(Q_t + b_R)``, ``V_t = sigmoid(Q_t + b_V)`` (learned
+    biases, 0 at the start). The LM starts as the generator's copy; the reference is the generator, frozen."""
+
+    def __init__(self, lm: torch.nn.Module, reference: torch.nn.Module, beta: float = 0.3):
+        super().__init__()
+        self.lm, self.beta = lm, float(beta)
+        self.reference = [reference.eval().requires_grad_(False)]  # a list: not a submodule (no grads)
+        self.reward_bias = torch.nn.Parameter(torch.zeros(()))
+        self.value_bias = torch.nn.Parameter(torch.zeros(()))
+
+    @classmethod
+    def from_policy(cls, policy: torch.nn.Module, beta: float = 0.3) -> "LogRatioBiRM":
+        return cls(copy.deepcopy(policy), copy.deepcopy(policy), beta)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu") -> "LogRatioBiRM":
+        path = Path(path)
+        meta = json.loads((path / KIND_FILE).read_text())
+        model = cls(_load_lm(path), _load_lm(path / "reference"), meta["beta"])
+        biases = load_file(path / HEADS_FILE)
+        with torch.no_grad():
+            model.reward_bias.copy_(biases["reward_bias"])
+            model.value_bias.copy_(biases["value_bias"])
+        return model.to(device)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.lm.save_pretrained(path, safe_serialization=True)
+        self.reference[0].save_pretrained(path / "reference", safe_serialization=True)
+        save_file({"reward_bias": self.reward_bias.detach().clone(), "value_bias": self.value_bias.detach().clone()},
+                  path / HEADS_FILE)
+        (path / KIND_FILE).write_text(json.dumps({"heads": "logratio", "beta": self.beta}) + "\n")
+
+    def to(self, *args, **kwargs):
+        self.reference[0].to(*args, **kwargs)
+        return super().to(*args, **kwargs)
+
+    def _response_logprobs(self, lm: torch.nn.Module, batch, device) -> torch.Tensor:
+        p, t = batch.prompt_len, batch.responses.shape[1]
+        logits = lm(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                    position_ids=batch.position_ids.to(device), use_cache=False).logits[:, p - 1 : p - 1 + t].float()
+        return torch.log_softmax(logits, -1).gather(-1, batch.responses.to(device).unsqueeze(-1)).squeeze(-1)
+
+    def step_heads(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        from credo.algo.birm import logratio_heads
+
+        device = self.reward_bias.device
+        lp = self._response_logprobs(self.lm, batch, device)  # (B, T)
+        with torch.no_grad():
+            ref = self._response_logprobs(self.reference[0], batch, device)
+        return logratio_heads(lp, ref, batch.response_mask.to(device), beta=self.beta,
+                              reward_bias=self.reward_bias, value_bias=self.value_bias)
+
+    def forward(self, input_ids, attention_mask, position_ids, with_logits: bool = True):
+        """The LM's logits only (``loss_on_llm``); the heads need the response span: :meth:`step_heads`."""
+        logits = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).logits
+        return None, None, logits

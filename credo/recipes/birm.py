@@ -3,6 +3,7 @@
     policy  = load_or_build(model); SFT warm start on the task (a fresh model)          # the generator
     samples = label_steps(engine, runner, train prompts, birm.samples, birm.rollouts)  # MC step labels
     birm    = BiRewardModel.from_policy(policy); train_birm(birm, samples)             # credo.train.birm
+              (LogRatioBiRM with birm.heads=logratio)
     held-out: best_of_n (BiRM vs value / reward heads vs sampled log-prob) and beam search
     -> metrics.jsonl, RUN_DIR/birm, summary.json
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 from credo.config import RunConfig
 from credo.data.source import load_task_data
 from credo.models import load_or_build
-from credo.models.birm import BiRewardModel
+from credo.models.birm import BiRewardModel, LogRatioBiRM
 from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.rewards import RewardRunner
 from credo.rollout import HFRolloutEngine
@@ -58,7 +59,8 @@ def birm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
         summary |= {"label_s": round(time.perf_counter() - t0, 1), "labelled_responses": len(samples),
                     "labelled_correct_frac": sum(s.correct for s in samples) / max(len(samples), 1)}
         log.info("BiRM: %d responses step-labelled in %.0f s", len(samples), summary["label_s"])
-        model = BiRewardModel.from_policy(policy)
+        model = LogRatioBiRM.from_policy(policy, b.logratio_beta) if b.heads == "logratio" else \
+            BiRewardModel.from_policy(policy)
         with StepProgress("BiRM", b.steps, enabled=cfg.log.progress, print_every=cfg.log.print_every) as bar:
             def on_step(step: int, metrics: dict[str, float]) -> None:
                 logger.log(step, metrics)

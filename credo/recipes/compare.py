@@ -44,7 +44,7 @@ def compare(presets: list[str], seeds: list[int], *, out_dir: Path, overrides: l
         load_config(preset, list(overrides))
     for preset in presets:
         for seed in seeds:
-            run_dir = out_dir / preset / f"seed{seed}"
+            run_dir = out_dir / label(preset) / f"seed{seed}"
             if (run_dir / "summary.json").is_file():
                 log.info("reusing finished run %s", run_dir)
                 continue
@@ -56,10 +56,15 @@ def compare(presets: list[str], seeds: list[int], *, out_dir: Path, overrides: l
     return out_dir
 
 
+def label(preset: str) -> str:
+    """A preset's name in the table and its runs' directory: the preset, or a YAML file's stem."""
+    return Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
+
+
 def summarize(out_dir: Path, preset: str, seeds: list[int], target: float) -> Row:
     finals, avgs, starts, hits, ents, walls = [], [], [], [], [], []
     for seed in seeds:
-        run_dir = out_dir / preset / f"seed{seed}"
+        run_dir = out_dir / label(preset) / f"seed{seed}"
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = read_metrics(run_dir / "metrics.jsonl")
         finals.append(summary["final/eval/greedy_acc"])
@@ -71,7 +76,7 @@ def summarize(out_dir: Path, preset: str, seeds: list[int], target: float) -> Ro
             hits.append(reached[0])
         ents.append(next(r["actor/entropy"] for r in reversed(rows) if r.get("actor/entropy") is not None))
     std = statistics.stdev if len(seeds) > 1 else (lambda xs: 0.0)
-    return Row(preset=preset, seeds=len(seeds), greedy_acc=statistics.fmean(finals), greedy_acc_std=std(finals),
+    return Row(preset=label(preset), seeds=len(seeds), greedy_acc=statistics.fmean(finals), greedy_acc_std=std(finals),
                avg_at_k=statistics.fmean(avgs), avg_at_k_std=std(avgs), start_greedy_acc=statistics.fmean(starts),
                steps_to_target=statistics.fmean(hits) if hits else None, reached=len(hits),
                final_entropy=statistics.fmean(ents), wall_s=statistics.fmean(walls))
@@ -111,18 +116,18 @@ def plot(out_dir: Path, presets: list[str], seeds: list[int]) -> Path:
     palette = matplotlib.colormaps["tab20" if len(presets) > 10 else "tab10"]
     for i, preset in enumerate(presets):
         color = palette(i % palette.N)
-        curves = [read_metrics(out_dir / preset / f"seed{s}" / "metrics.jsonl") for s in seeds]
+        curves = [read_metrics(out_dir / label(preset) / f"seed{s}" / "metrics.jsonl") for s in seeds]
         evals = [[(r["step"], r["eval/greedy_acc"]) for r in c if r.get("eval/greedy_acc") is not None] for c in curves]
         steps = [s for s, _ in evals[0]]
         mean = [statistics.fmean(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
-        line = acc_ax.plot(steps, mean, marker="o", ms=3, label=preset, color=color)[0]
+        line = acc_ax.plot(steps, mean, marker="o", ms=3, label=label(preset), color=color)[0]
         lo = [min(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
         hi = [max(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
         acc_ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.08)
         ent = [[(r["step"], r["actor/entropy"]) for r in c if r.get("actor/entropy") is not None] for c in curves]
         n = min(len(e) for e in ent)
         ent_ax.plot([ent[0][i][0] for i in range(n)], [statistics.fmean(e[i][1] for e in ent) for i in range(n)],
-                    color=line.get_color(), label=preset, lw=1.2)
+                    color=line.get_color(), label=label(preset), lw=1.2)
     acc_ax.set(title=f"Held-out greedy accuracy (mean, min-max over {len(seeds)} seeds)", xlabel="RL step",
                ylabel="accuracy")
     ent_ax.set(title="Policy entropy (mean over seeds)", xlabel="RL step", ylabel="nats / token")

@@ -47,6 +47,7 @@ from credo.recipes.common import (
     warm_start_enabled,
     write_summary,
 )
+from credo.recipes.rlep import collect_at_start, open_replay, replay_step
 from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
@@ -56,8 +57,12 @@ from credo.train.forward import ForwardOptions, batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.progress import StepProgress
+from credo.train.replay import replay_rows
 from credo.train.sampling import Prefetch, Rollouts, collect_rollouts
+from credo.train.tree import collect_tree_rollouts, fci_model
 from credo.train.stats import Timer
+from credo.train.grounding import prompt_offset
+from credo.train.vepo import vepo_step
 from credo.train.update import update_critic, update_policy
 from credo.distributed import LOCAL, DataParallel
 from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
@@ -78,6 +83,7 @@ class RunState:
     wall_s: float = 0.0  # training wall time summed over (resumed) segments
     bad_rows: int = 0  # malformed dataset rows skipped
     entropy_history: list[float] = field(default_factory=list)  # batch-mean entropy per step
+    attnrl: dict[str, Any] = field(default_factory=dict)  # AttnRL: dynamic batch size, running FCI mean (train.tree)
 
 
 @dataclass
@@ -106,6 +112,8 @@ class Parts:
     pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
     served_version: int = -1  # the policy version the rollout engine serves (sync_engine)
     replica: Any = None  # FSDP2: an unsharded copy of the policy, loaded with the whole weights to save them
+    replay: Any = None  # RLEP: the ReplayPool mixed into every group (credo.train.replay)
+    tree_state: dict[str, Any] = field(default_factory=dict)  # AttnRL: the run state's ``attnrl`` (rl_loop links it)
 
 
 # ============================================================================ entry point
@@ -166,6 +174,7 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel)
         )
         if parts.shard_rollouts:
             parts.sampler = ShardedSampler(parts.sampler, dp)
+        parts.replay = open_replay(cfg, run_dir)
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, run_dir)
         if cfg.distributed.strategy == "fsdp2":
@@ -185,6 +194,8 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
         warm_start(cfg, parts.model, parts.tokenizer, parts.data, parts.logger)
     state.start_eval = state.last_eval = evaluate_now(cfg, parts, run_dir, 0, force_sync=True)
     parts.logger.log(0, state.start_eval)
+    if cfg.replay.pool == "warm_start":  # RLEP's pool, from the warm-started policy
+        parts.replay = collect_at_start(cfg, parts.engine, parts.runner, parts.data, run_dir)
     if needs_reference(cfg):
         save_model(parts.model, parts.tokenizer, run_dir / "reference")
     if needs_critic(cfg):
@@ -200,6 +211,7 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
 # ============================================================================ the RL loop
 
 def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> None:
+    parts.tree_state = state.attnrl  # collect() updates it in place; checkpoints save it with the run state
     with StepProgress("rl", cfg.train.steps, state.step, enabled=cfg.log.progress,
                       print_every=cfg.log.print_every) as bar:
         bar.update(state.step, state.last_eval)
@@ -247,6 +259,9 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                     temperature=temperature, stats=stats, opts=ForwardOptions.of(cfg))
                 batch.entropy = token_stats["entropy"]
             state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
+            if parts.replay is not None:  # replayed answers were not sampled: the current policy is their behaviour
+                rows = replay_rows(rollouts.trajs)
+                batch.rollout_logprobs[rows] = batch.old_logprobs[rows]
             # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 on-policy, the policy
             # lag's effect in one-step-off mode
             metrics["rollout/logprob_abs_diff"] = float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
@@ -272,9 +287,10 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                 metrics.update(update_critic(cfg, parts.critic, batch, parts.critic_optimizer,
                                              parts.critic_scheduler, step=step, dp=parts.dp))
         if step >= cfg.critic.warmup_steps or parts.critic is None:
+            policy_batch = vepo_select(cfg, parts, batch, rollouts.trajs, metrics, timer, step=step)
             with timer("update"):
-                metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, batch, metrics), parts.optimizer,
-                                             parts.scheduler, step=step, dp=parts.dp))
+                metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, policy_batch, metrics),
+                                             parts.optimizer, parts.scheduler, step=step, dp=parts.dp))
             if fused and "actor/entropy" in metrics:  # absent when every row had zero advantage (skipped)
                 state.entropy_history.append(metrics["actor/entropy"])
     metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step))
@@ -313,12 +329,20 @@ def collect(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Rollouts:
         sampler = parts.stage_samplers[stage_of(cfg, step)] if parts.stage_samplers else parts.sampler
         rollouts = collect_agent_rollouts(cfg, parts.engine, parts.tokenizer, sampler, step=step,
                                           sampling=sampling_params(cfg), timer=timer)
+    elif cfg.attnrl.enabled:  # AttnRL tree rollouts; the FCI pass runs on the policy that sampled (credo.train.tree)
+        model = fci_model(parts.engine, parts.model, one_step_off=cfg.rollout.one_step_off)
+        rollouts = collect_tree_rollouts(cfg, parts.engine, training_runner(cfg, parts.runner, step), parts.sampler,
+                                         model, parts.tokenizer, state=parts.tree_state, step=step, timer=timer)
     else:
         rollouts = collect_rollouts(
             parts.engine, training_runner(cfg, parts.runner, step), parts.sampler,
             prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.rollout.group_size, sampling=sampling_params(cfg), filter_groups=a.filter_groups,
             dynamic_sampling=a.dynamic_sampling, max_gen_batches=a.max_gen_batches,
             overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty, timer=timer)
+        if parts.replay is not None:
+            with timer("replay"):
+                replay_step(cfg, parts.replay, parts.tokenizer, training_runner(cfg, parts.runner, step), rollouts,
+                            step)
         if cfg.reward.noise > 0:
             rollouts.metrics["reward/noised_frac"] = sum(bool(r.info.get("noised")) for r in rollouts.results) / \
                 max(len(rollouts.results), 1)
@@ -403,6 +427,7 @@ def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, nee
         "entropy_direction": lambda: token_stats["entropy_direction"],
         "entropy_history": lambda: list(state.entropy_history),
         "reward_baselines": lambda: greedy_baselines(cfg, parts, trajs, timer),
+        "tree_paths": lambda: [t.info["tree_path"] for t in trajs],
     }
     return {name: providers[name]() for name in needs}
 
@@ -429,11 +454,14 @@ def greedy_baselines(cfg: RunConfig, parts: Parts, trajs, timer: Timer) -> torch
 def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], batch_size: int) -> bool:
     """Whether the old-log-prob pass can be skipped: one optimizer step on the whole batch (so the policy has not
     moved when the loss is computed), no reference KL on old log-probs, no estimator or token selection that reads
-    the pass's statistics, and no critic (whose warm-up steps skip the policy update)."""
+    the pass's statistics, no critic (whose warm-up steps skip the policy update), and no replay (replayed rows
+    need the current policy's log-probs as their behaviour's), and no VEPO (its selection is made from the
+    behaviour policy before the update, and the entropy logged is the whole batch's)."""
     t, a = cfg.train, cfg.algo
     return (t.old_logprob_pass == "auto" and t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
             and parts.ref_model is None and not {"entropy_direction", "entropy_history"} & set(adv_needs)
-            and a.top_entropy_quantile >= 1.0 and parts.critic is None and not cfg.rollout.one_step_off)
+            and a.top_entropy_quantile >= 1.0 and parts.critic is None and not cfg.rollout.one_step_off
+            and parts.replay is None and not cfg.vepo.enabled)
 
 
 def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatch:
@@ -446,6 +474,21 @@ def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatc
     keep = valid & (batch.entropy >= threshold)
     metrics["token_select/frac"] = float(keep.sum()) / max(float(valid.sum()), 1.0)
     return dataclasses.replace(batch, response_mask=keep.float())
+
+
+def vepo_select(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, metrics: dict, timer: Timer, *,
+                step: int) -> TrainBatch:
+    """VEPO (``vepo.enabled``): gradient credit only for the grounding-sensitive tokens, from a second no-grad
+    forward with each prompt's grounding span perturbed (credo.train.vepo)."""
+    if not cfg.vepo.enabled:
+        return batch
+    with timer("vepo"):
+        offset = prompt_offset(cfg.task.prompt_template, chat=cfg.task.chat_template, tokenizer=parts.tokenizer)
+        out, vepo_metrics = vepo_step(cfg.vepo, parts.model, parts.tokenizer, batch, trajs, seed=cfg.seed, step=step,
+                                      temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
+                                      opts=ForwardOptions.of(cfg), offset=offset)
+    metrics.update(vepo_metrics)
+    return out
 
 
 def step_metrics(batch: TrainBatch, trajs, timer: Timer, *, step: int) -> dict[str, float]:
@@ -526,7 +569,7 @@ def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
              "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
              "engine": parts.engine.state_dict() if parts.engine is not None else None,
              "sampler": parts.sampler.state_dict(), "stage_samplers": [s.state_dict() for s in parts.stage_samplers],
-             "pending_rollouts": pending}
+             "pending_rollouts": pending, "replay": parts.replay.state_dict() if parts.replay is not None else None}
     if parts.critic is not None:
         saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
         saved["critic_scheduler"] = parts.critic_scheduler.state_dict()
@@ -548,6 +591,8 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
         attach_critic(cfg, parts, ValueModel.load(ckpt / "critic", cfg.model.device))
         parts.critic_optimizer.load_state_dict(saved["critic_optimizer"])
         parts.critic_scheduler.load_state_dict(saved["critic_scheduler"])
+    if parts.replay is not None and saved.get("replay"):
+        parts.replay.load_state_dict(saved["replay"])
     set_rng_state(saved["rng"])
     log.info("resumed from %s (step %d)", ckpt, saved["run"]["step"])
     state = RunState(**saved["run"])

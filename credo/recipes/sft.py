@@ -47,18 +47,8 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
 
 
 def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> dict[str, float]:
-    """Evaluate a run directory (its config and final model or latest checkpoint) or a model directory."""
-    from credo.train.checkpoint import latest_checkpoint
-
-    if (target / "config.yaml").is_file() and not (target / "config.json").is_file():
-        cfg = load_config(config or str(target / "config.yaml"), overrides)
-        ckpt = latest_checkpoint(target)
-        model_dir = target / "final" if (target / "final").is_dir() else (ckpt / "model" if ckpt else None)
-        if model_dir is None:
-            raise FileNotFoundError(f"{target} has neither final/ nor a complete checkpoint")
-    else:
-        cfg = load_config(config, overrides)
-        model_dir = target
+    """Evaluate a run directory (its config and final model or latest checkpoint), a checkpoint or a model dir."""
+    cfg, model_dir = resolve_target(target, config, overrides)
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer = load_model(model_dir, cfg.model)
@@ -72,3 +62,24 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
         metrics = evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
     return {"model": str(model_dir), "examples": len(examples), **metrics}
+
+
+def resolve_target(target: Path, config: str | None, overrides: list[str]) -> tuple[RunConfig, Path]:
+    """(config, model directory) of a run directory (its final model, else its latest checkpoint), a checkpoint
+    directory (RUN/checkpoints/step_N: its model, the run's config) or a Hugging Face model directory (``config``
+    and the overrides, or the defaults)."""
+    from credo.train.checkpoint import latest_checkpoint
+
+    target = Path(target)
+    if (target / "config.yaml").is_file() and not (target / "config.json").is_file():
+        cfg = load_config(config or str(target / "config.yaml"), overrides)
+        ckpt = latest_checkpoint(target)
+        model_dir = target / "final" if (target / "final").is_dir() else (ckpt / "model" if ckpt else None)
+        if model_dir is None:
+            raise FileNotFoundError(f"{target} has neither final/ nor a complete checkpoint")
+        return cfg, model_dir
+    if (target / "model").is_dir() and (target.parent.parent / "config.yaml").is_file():  # a checkpoint
+        return load_config(config or str(target.parent.parent / "config.yaml"), overrides), target / "model"
+    if not target.is_dir():
+        raise FileNotFoundError(f"{target} is not a run, checkpoint or model directory")
+    return load_config(config, overrides), target

@@ -78,11 +78,7 @@ def step_batch(tokenizer, prompt_ids: list[list[int]], response_ids: list[list[i
 
 def _heads(model, batch):
     """Reward and value head outputs at every response position (B, T) (the step's last token reads its state)."""
-    device = next(model.parameters()).device
-    reward, value, _ = model(batch.input_ids.to(device), batch.attention_mask.to(device),
-                             batch.position_ids.to(device))
-    p, t = batch.prompt_len, batch.responses.shape[1]
-    return reward[:, p : p + t], value[:, p : p + t]
+    return model.step_heads(batch)
 
 
 def label_tensors(samples: list[StepSample], width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,8 +6,9 @@
 - ``evpo`` (explained-variance gate between critic and group baseline, :mod:`.evpo`)
 - ``papo`` (entropy-polarity reweighting, :mod:`.papo`)
 - ``dvpo`` (distributional GAE over a quantile critic, mean over quantiles, :mod:`.dvpo`)
+- ``attnrl`` (tree segment advantages of AttnRL / TreeRL rollout trees, :mod:`.tree`)
 """
-from credo.algo.advantages import dvpo, evpo, outcome, papo, returns  # noqa: F401  (registration)
+from credo.algo.advantages import dvpo, evpo, outcome, papo, returns, tree  # noqa: F401  (registration)
 from credo.algo.advantages.common import (
     broadcast,
     explained_variance,
