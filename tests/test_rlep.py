@@ -251,3 +251,5 @@ def test_replay_config_errors():
         load_config(None, ["replay.pool=x.jsonl", "replay.num=0"])
     with pytest.raises(ConfigError, match="single-turn"):
         load_config(None, ["replay.pool=x.jsonl", "agent.envs=[calc]"])
+    with pytest.raises(ConfigError, match="rlep collect"):
+        load_config(None, ["replay.pool=warm_start", "distributed.backend=torchrun"])

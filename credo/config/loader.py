@@ -326,6 +326,9 @@ def validate_replay(cfg: RunConfig) -> None:
         raise ConfigError("replay.pool: experience replay is for single-turn tasks (agent episodes are not replayed)")
     if p.num == 0 and p.negative == 0:
         raise ConfigError("replay.pool: set with replay.num=0 and replay.negative=0 replays nothing")
+    if p.pool == "warm_start" and cfg.distributed.backend != "none":
+        raise ConfigError("replay.pool=warm_start: not with distributed training (each rank would collect its own "
+                          "pool); collect one with `credo rlep collect` and set replay.pool to its path")
 
 
 def validate_vepo(cfg: RunConfig) -> None:
