@@ -26,6 +26,17 @@ def _tb_scalars(log_dir):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def _next_second() -> None:
+    """Wait for the next wall-clock second. TensorBoard reads event files in name order,
+    "...tfevents.<second>.<host>.<pid>.<writer counter>": within one second of one process the counter decides, as a
+    string ("10" < "9" late in a long test session). A resumed run is a later process; here, a later second."""
+    import time
+
+    start = int(time.time())
+    while int(time.time()) == start:
+        time.sleep(0.05)
+
+
 def test_log_writes_one_json_line_per_call(tmp_path):
     with MetricsLogger(tmp_path, tensorboard=False) as logger:
         logger.log(1, {"reward/mean": 0.5, "timing_s/gen": 2})
@@ -144,6 +155,7 @@ def test_resume_keeps_warm_start_log_whole(tmp_path):
             logger.log(step, {"sft/loss": 1.0 / step}, file="warm_start.jsonl")
         for step in range(1, 6):
             logger.log(step, {"x": float(step)})
+    _next_second()
     with MetricsLogger(tmp_path, resume_step=3) as logger:
         logger.log(4, {"x": 40.0})
     assert [r["step"] for r in read_metrics(tmp_path / "warm_start.jsonl")] == list(range(1, 11))
@@ -179,6 +191,7 @@ def test_tensorboard_purges_steps_after_resume_step(tmp_path):
     with MetricsLogger(tmp_path) as logger:
         for step in range(1, 6):
             logger.log(step, {"x": float(step)})
+    _next_second()
     with MetricsLogger(tmp_path, resume_step=3) as logger:
         logger.log(4, {"x": 40.0})
     assert _tb_scalars(tmp_path / "tb")["x"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
