@@ -59,11 +59,11 @@ from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.progress import StepProgress
 from credo.train.replay import replay_rows
 from credo.train.sampling import Prefetch, Rollouts, collect_rollouts
-from credo.train.tree import collect_tree_rollouts, fci_model
 from credo.train.stats import Timer
 from credo.train.grounding import prompt_offset
-from credo.train.vepo import vepo_step
+from credo.train.tree import collect_tree_rollouts, fci_model
 from credo.train.update import update_critic, update_policy
+from credo.train.vepo import vepo_step
 from credo.distributed import LOCAL, DataParallel
 from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
@@ -454,7 +454,7 @@ def greedy_baselines(cfg: RunConfig, parts: Parts, trajs, timer: Timer) -> torch
 def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], batch_size: int) -> bool:
     """Whether the old-log-prob pass can be skipped: one optimizer step on the whole batch (so the policy has not
     moved when the loss is computed), no reference KL on old log-probs, no estimator or token selection that reads
-    the pass's statistics, no critic (whose warm-up steps skip the policy update), and no replay (replayed rows
+    the pass's statistics, no critic (whose warm-up steps skip the policy update), no replay (replayed rows
     need the current policy's log-probs as their behaviour's), and no VEPO (its selection is made from the
     behaviour policy before the update, and the entropy logged is the whole batch's)."""
     t, a = cfg.train, cfg.algo
