@@ -168,7 +168,7 @@ def test_grpo_advantages_are_normalised_over_the_mixed_group():
 
 def test_draws_depend_on_seed_and_step_only_and_refresh_caps():
     pool = ReplayPool([ReplayEntry("t/0", "", s, True, 1.0) for s in "abcdefgh"], max_per_prompt=4)
-    draw = lambda rng: [e.response for e in pool.draw("t/0", 3, rng)]  # noqa: E731
+    draw = lambda rng: [e.response for e in pool.draw("t/0", 3, rng)]
     assert draw(step_rng(0, 5)) == draw(step_rng(0, 5)) and draw(step_rng(0, 5)) != draw(step_rng(0, 6))
     trajs, _ = _fresh(2)
     results = [RewardResult(1.0, correct=True), RewardResult(0.0)] * 2

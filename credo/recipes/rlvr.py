@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from credo.recipes.common import (
     write_summary,
 )
 from credo.recipes.rlep import collect_at_start, open_replay, replay_step
+from credo.recipes.token_select import select_tokens, vepo_select
 from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
@@ -60,10 +60,8 @@ from credo.train.progress import StepProgress
 from credo.train.replay import replay_rows
 from credo.train.sampling import Prefetch, Rollouts, collect_rollouts
 from credo.train.stats import Timer
-from credo.train.grounding import prompt_offset
 from credo.train.tree import collect_tree_rollouts, fci_model
 from credo.train.update import update_critic, update_policy
-from credo.train.vepo import vepo_step
 from credo.distributed import LOCAL, DataParallel
 from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
@@ -287,7 +285,8 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                 metrics.update(update_critic(cfg, parts.critic, batch, parts.critic_optimizer,
                                              parts.critic_scheduler, step=step, dp=parts.dp))
         if step >= cfg.critic.warmup_steps or parts.critic is None:
-            policy_batch = vepo_select(cfg, parts, batch, rollouts.trajs, metrics, timer, step=step)
+            policy_batch = vepo_select(cfg, parts.model, parts.tokenizer, batch, rollouts.trajs, metrics, timer,
+                                      step=step)
             with timer("update"):
                 metrics.update(update_policy(cfg, parts.model, select_tokens(cfg, policy_batch, metrics),
                                              parts.optimizer, parts.scheduler, step=step, dp=parts.dp))
@@ -462,33 +461,6 @@ def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], 
             and parts.ref_model is None and not {"entropy_direction", "entropy_history"} & set(adv_needs)
             and a.top_entropy_quantile >= 1.0 and parts.critic is None and not cfg.rollout.one_step_off
             and parts.replay is None and not cfg.vepo.enabled)
-
-
-def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatch:
-    """Restrict the policy loss to the top-q entropy tokens ("forking tokens") when configured."""
-    q = cfg.algo.top_entropy_quantile
-    if q >= 1.0:
-        return batch
-    valid = batch.response_mask.bool()
-    threshold = torch.quantile(batch.entropy[valid].double(), 1.0 - q) if valid.any() else 0.0
-    keep = valid & (batch.entropy >= threshold)
-    metrics["token_select/frac"] = float(keep.sum()) / max(float(valid.sum()), 1.0)
-    return dataclasses.replace(batch, response_mask=keep.float())
-
-
-def vepo_select(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, metrics: dict, timer: Timer, *,
-                step: int) -> TrainBatch:
-    """VEPO (``vepo.enabled``): gradient credit only for the grounding-sensitive tokens, from a second no-grad
-    forward with each prompt's grounding span perturbed (credo.train.vepo)."""
-    if not cfg.vepo.enabled:
-        return batch
-    with timer("vepo"):
-        offset = prompt_offset(cfg.task.prompt_template, chat=cfg.task.chat_template, tokenizer=parts.tokenizer)
-        out, vepo_metrics = vepo_step(cfg.vepo, parts.model, parts.tokenizer, batch, trajs, seed=cfg.seed, step=step,
-                                      temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
-                                      opts=ForwardOptions.of(cfg), offset=offset)
-    metrics.update(vepo_metrics)
-    return out
 
 
 def step_metrics(batch: TrainBatch, trajs, timer: Timer, *, step: int) -> dict[str, float]:
