@@ -140,11 +140,15 @@ class LogRatioBiRM(torch.nn.Module):
         self.reference[0].to(*args, **kwargs)
         return super().to(*args, **kwargs)
 
-    def _response_logprobs(self, lm: torch.nn.Module, batch, device) -> torch.Tensor:
+    @staticmethod
+    def _response_logprobs(lm: torch.nn.Module, batch, device) -> torch.Tensor:
+        """(B, T) log-probs of the batch's response tokens (the implicit reward model's token log-probs, sliced)."""
+        from credo.models.implicit import token_logprobs
+
         p, t = batch.prompt_len, batch.responses.shape[1]
-        logits = lm(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                    position_ids=batch.position_ids.to(device), use_cache=False).logits[:, p - 1 : p - 1 + t].float()
-        return torch.log_softmax(logits, -1).gather(-1, batch.responses.to(device).unsqueeze(-1)).squeeze(-1)
+        lp = token_logprobs(lm, batch.input_ids.to(device), batch.attention_mask.to(device),
+                            batch.position_ids.to(device))  # (B, L-1): column c-1 holds token c
+        return lp[:, p - 1 : p - 1 + t]
 
     def step_heads(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         from credo.algo.birm import logratio_heads

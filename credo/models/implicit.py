@@ -51,16 +51,17 @@ class ImplicitRewardModel(torch.nn.Module):
         self.reference[0].to(*args, **kwargs)
         return super().to(*args, **kwargs)
 
-    @staticmethod
-    def _token_logprobs(lm: torch.nn.Module, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        logits = lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    use_cache=False).logits[:, :-1].float()  # (B, L-1, V) predicts columns 1..L-1
-        return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        lp = self._token_logprobs(self.lm, input_ids, attention_mask, position_ids)  # (B, L-1)
+        lp = token_logprobs(self.lm, input_ids, attention_mask, position_ids)  # (B, L-1)
         with torch.no_grad():
-            ref = self._token_logprobs(self.reference[0], input_ids, attention_mask, position_ids)
+            ref = token_logprobs(self.reference[0], input_ids, attention_mask, position_ids)
         values = torch.zeros(input_ids.shape, dtype=lp.dtype, device=lp.device)  # (B, L)
         values[:, 1:] = self.beta * (lp - ref)
         return values
+
+
+def token_logprobs(lm: torch.nn.Module, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    """log pi(x_c | x_<c) of every token but the first: (B, L) ids -> (B, L-1), column c-1 holds token c's."""
+    logits = lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=False).logits[:, :-1].float()  # (B, L-1, V) predicts columns 1..L-1
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

@@ -37,9 +37,6 @@ from credo.types import Example, SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
 
-REPLAY_KINDS = ("positive", "negative", "empty")
-
-
 @dataclass
 class ReplayEntry:
     """One stored answer of a training prompt."""
