@@ -1,6 +1,8 @@
 """Shared fixtures: a tiny policy that builds in milliseconds."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -36,6 +38,26 @@ def full_and_resumed_runs(tmp_path, monkeypatch, args: list[str], *, stop_at: in
     monkeypatch.setattr(rlvr, "rl_step", real)
     assert main(["-q", "train", "--resume", str(tmp_path / "cut")]) == 0
     return tmp_path / "full", tmp_path / "cut"
+
+
+@functools.lru_cache(maxsize=1)
+def _sandbox_line() -> str:
+    from credo.sandbox.preflight import describe
+
+    return describe()
+
+
+def pytest_report_header(config):
+    """One line at test start: the sandbox's bwrap, mode and active isolation layers (or why it is unavailable)."""
+    return _sandbox_line()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    """The same line under ``-q`` (the project's default addopts), which hides report headers."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        reporter.write_line(_sandbox_line())
 
 
 @pytest.fixture

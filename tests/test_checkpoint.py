@@ -31,7 +31,7 @@ def test_kill_during_write_leaves_previous_checkpoint_usable(tmp_path: Path, tin
     def dies(*args, **kwargs):  # the process "dies" while writing the trainer state
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ck.torch, "save", dies)
+    monkeypatch.setattr(ck, "save_state", dies)
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 4, model, tok)
     monkeypatch.undo()

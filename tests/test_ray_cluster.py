@@ -1,9 +1,12 @@
-"""docs/distributed.md's single-node recipe, run: `ray start --head`, then `credo train ... distributed.backend=ray`
+"""docs/distributed.md's single-node recipe, run: `ray start --head --node-ip-address 127.0.0.1`, then
+`credo train ... distributed.backend=ray distributed.ray_address=127.0.0.1:PORT`
 with 2 trainer ranks, 2 rollout workers and 2 reward workers, one of each kind of worker killed mid-step, against
 the same command in one process."""
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -14,6 +17,8 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+
+from credo.distributed.ray_launch import CLUSTER_MODE_ENV  # noqa: E402
 
 COMMON = ["train.steps=3", "train.prompts_per_step=8", "rollout.group_size=4", "eval.every=0", "eval.size=8",
           "checkpoint.every=0", "log.report=false", "log.tensorboard=false", "log.progress=false", "train.threads=1"]
@@ -34,17 +39,52 @@ def ray_head():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    start = subprocess.run([exe, "start", "--head", f"--port={port}", "--num-cpus=8", "--include-dashboard=false",
-                            "--disable-usage-stats", f"--temp-dir={temp}"], capture_output=True, text=True)
+    # bound to 127.0.0.1: without --node-ip-address (and with Ray's cluster mode on) Ray advertises and connects
+    # to the machine's external address. The drivers join 127.0.0.1:PORT (not "auto", which could find another
+    # cluster on a shared machine) with this cluster's own token (token authentication, not ~/.ray's token)
+    env = {**os.environ, CLUSTER_MODE_ENV: "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    start = subprocess.run([exe, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=8",
+                            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
+                           capture_output=True, text=True, env=env)
     assert start.returncode == 0, start.stderr[-2000:]
     try:
-        yield "auto"
+        yield f"127.0.0.1:{port}", env
     finally:
-        subprocess.run([exe, "stop", "--force"], capture_output=True)
+        _stop_cluster(temp, env["RAY_AUTH_TOKEN"])
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def _stop_cluster(temp: str, token: str) -> None:
+    """Kill this cluster's processes only (their command lines name its temp dir, or their environment holds its
+    token: Ray's agents rename themselves); `ray stop` would stop every Ray instance on the machine."""
+    import signal
+    import time
+
+    def ours() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and (temp.encode() in (entry / "cmdline").read_bytes()
+                                             or token.encode() in (entry / "environ").read_bytes()):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+        return pids
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in ours():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for _ in range(50):  # up to 10 s
+            if not ours():
+                return
+            time.sleep(0.2)
+
+
 def test_ray_run_with_dying_workers_matches_the_single_process_run(tmp_path, ray_head):
+    address, env = ray_head
     """Rollout workers sample exactly what the single engine samples (per-row keyed draws), so rewards are equal;
     the 2-rank update changes only the float summation order (losses, gradient norms, final weights to float
     tolerance). Rollout worker 1 dies in the second step's generation and reward worker 0 in its third call;
@@ -54,10 +94,10 @@ def test_ray_run_with_dying_workers_matches_the_single_process_run(tmp_path, ray
                             capture_output=True, text=True)
     assert single.returncode == 0, single.stderr[-2000:]
     dist = subprocess.run([credo, "train", *COMMON, f"output_dir={tmp_path}", "run_name=ray",
-                           "distributed.backend=ray", f"distributed.ray_address={ray_head}",
+                           "distributed.backend=ray", f"distributed.ray_address={address}",
                            "distributed.world_size=2", "distributed.rollout_workers=2", "distributed.reward_workers=2",
                            "distributed.inject_faults=[rollout:1:4, reward:0:3]"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     assert dist.returncode == 0, dist.stderr[-3000:]
     one, two, rank1 = (_metrics(tmp_path / p / "metrics.jsonl") for p in ("single", "ray", "ray/rank1"))
     assert len(one) == len(two) == len(rank1) == 3
@@ -84,6 +124,7 @@ def test_ray_run_with_dying_workers_matches_the_single_process_run(tmp_path, ray
 
 
 def test_ray_fsdp2_one_step_off_run_matches_the_single_process_run(tmp_path, ray_head):
+    address, env = ray_head
     """FSDP2-sharded trainer ranks (the rollout workers get the gathered whole weights) in one-step-off mode: the
     same rewards, policy lags and (to float tolerance) gradient norms and final weights as one process in
     one-step-off mode."""
@@ -92,9 +133,9 @@ def test_ray_fsdp2_one_step_off_run_matches_the_single_process_run(tmp_path, ray
     single = subprocess.run([credo, "train", *common, "run_name=single"], capture_output=True, text=True)
     assert single.returncode == 0, single.stderr[-2000:]
     dist = subprocess.run([credo, "train", *common, "run_name=ray", "distributed.backend=ray",
-                           f"distributed.ray_address={ray_head}", "distributed.world_size=2",
+                           f"distributed.ray_address={address}", "distributed.world_size=2",
                            "distributed.rollout_workers=2", "distributed.strategy=fsdp2"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     assert dist.returncode == 0, dist.stderr[-3000:]
     one, two = (_metrics(tmp_path / p / "metrics.jsonl") for p in ("single", "ray"))
     assert [r["rollout/policy_lag"] for r in two] == [0, 1, 1]

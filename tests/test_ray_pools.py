@@ -7,6 +7,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from credo.distributed.ray_launch import start_local  # noqa: E402
 from credo.distributed.ray_pools import RewardPool, RolloutPool, split  # noqa: E402
 from credo.rewards import RewardRunner  # noqa: E402
 from credo.rollout import HFRolloutEngine  # noqa: E402
@@ -18,7 +19,7 @@ PROMPTS = [Example("rev abc=", "cba", "a"), Example("rev hgfedc=", "cdefgh", "b"
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    start_local(ray, num_cpus=8, log_to_driver=False)  # ray.init(_node_ip_address="127.0.0.1"): loopback only
     yield
     ray.shutdown()
 

@@ -168,10 +168,10 @@ def test_unknown_language_is_an_infrastructure_verdict_not_a_crash(sandbox):
 
 
 def test_missing_isolation_is_a_clear_error(monkeypatch):
-    import credo.sandbox.pool as pool
+    import credo.sandbox.preflight as preflight
     from credo.sandbox import Sandbox, SandboxUnavailable
 
-    monkeypatch.setattr(pool.shutil, "which", lambda name: None)
+    monkeypatch.setattr(preflight, "find_bwrap", lambda: None)
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         Sandbox(workers=1)
 

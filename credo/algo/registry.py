@@ -10,7 +10,7 @@ Policy loss (per token, before aggregation)::
 
 Advantage estimator::
 
-    @register_advantage("name")
+    @register_advantage("name", needs=("values",), groups=False)  # needs: optional inputs; groups: a group baseline
     def my_adv(*, rewards, group_ids, response_mask, values=None, my_hparam: float = 1.0) -> AdvantageOutput
 
 Every keyword after the fixed tensor arguments is a hyperparameter; its default is the released
@@ -55,6 +55,7 @@ class Registered:
     # True (or hparams -> bool): a row whose advantages are all zero gets zero loss and zero gradient, and no
     # other row's loss depends on it, so the trainer may leave such rows out of the forward / backward
     zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False
+    groups: bool = False  # an estimator whose baseline is the other samples of the prompt's group (needs G >= 2)
 
     def requirements(self, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
         """Optional inputs needed with these hyperparameters (defaults filled in)."""
@@ -87,14 +88,15 @@ def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[st
 def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, ...]):
     def register(name: str, *, forced_agg: str | None = None,
                  needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = (),
-                 zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False):
+                 zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False, groups: bool = False):
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             if name in table and table[name].fn is not fn:
                 raise ValueError(f"{kind} {name!r} is already registered to {table[name].fn.__qualname__}")
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
             accepted = tuple(p for p in inspect.signature(fn).parameters if p in tensor_args)
             table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg,
-                                     needs if callable(needs) else tuple(needs), doc, accepted, zero_adv_inert)
+                                     needs if callable(needs) else tuple(needs), doc, accepted, zero_adv_inert,
+                                     groups)
             return fn
 
         return deco

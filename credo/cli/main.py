@@ -3,16 +3,25 @@
 Every command that takes a configuration accepts ``--config PRESET`` (a YAML file or a preset
 name from ``configs/``) and any number of ``key=value`` overrides (``train.lr=1e-3``). A bad
 configuration is reported in one line naming the key, with exit code 2, before any model is built.
+
+Errors: a bad setting or a check of :mod:`credo.config.preflight` (device, model directory, vLLM, reward module,
+run directory permissions) is one line and exit 2, before the run directory exists; a missing file, an existing
+run, a data or other input error is one line and exit 1; anything else is a bug and keeps its traceback. With
+``CREDO_DEBUG=1`` the one-line errors show their traceback too.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from credo.config import ConfigError, load_config
+from credo.config.preflight import check_device as preflight_device
+from credo.config.preflight import preflight
 
 EXIT_CONFIG = 2
 
@@ -32,15 +41,53 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"credo: config error: {exc}", file=sys.stderr)
+        _debug_traceback()
+        print(f"credo: config error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
-    except (FileNotFoundError, FileExistsError, ValueError, NotImplementedError) as exc:
-        print(f"credo: error: {exc}", file=sys.stderr)
+    except PermissionError as exc:  # a run directory, an input file or a port the user may not use
+        _debug_traceback()
+        print(f"credo: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (OSError, ValueError, NotImplementedError) as exc:  # FileNotFoundError, FileExistsError, bad data, ...
+        _debug_traceback()
+        print(f"credo: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("credo: interrupted (the last complete checkpoint is intact; resume with --resume RUN_DIR)",
               file=sys.stderr)
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _debug_traceback() -> None:
+    if os.environ.get("CREDO_DEBUG", "") not in ("", "0"):
+        import traceback
+
+        traceback.print_exc()
+
+
+@contextlib.contextmanager
+def _no_half_made_run_dir(run_dir: Path | None):
+    """Remove ``run_dir`` again if this command created it and fails while it holds nothing but the run's
+    ``config.yaml`` (a data or model error after the preflight). None (a generated name): nothing to watch."""
+    created = run_dir is not None and not run_dir.exists()
+    try:
+        yield
+    except BaseException:
+        if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {"config.yaml"}:
+            (run_dir / "config.yaml").unlink(missing_ok=True)
+            run_dir.rmdir()
+        raise
+
+
+def _target_run_dir(cfg, run_dir: str | None) -> Path | None:
+    """The run directory a new run will use when it is known in advance (``--run-dir`` or ``run_name``)."""
+    if run_dir:
+        return Path(run_dir)
+    return Path(cfg.output_dir) / cfg.run_name if cfg.run_name else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,11 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     p.add_argument("--run-dir", metavar="DIR", help="write the run here instead of output_dir/run_name")
+    p.add_argument("--overwrite", action="store_true", help="delete the previous run in the run directory first "
+                   "(a new run refuses a non-empty one)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm_start.* settings)")
     _config_args(p)
     p.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-sft-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="delete the previous run in the run directory first "
+                   "(a new run refuses a non-empty one)")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("rm", help="reward models: train an outcome reward model (Bradley-Terry) or CRM's pair")
@@ -65,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = rm_sub.add_parser("train", help="train on rm.train_file pairs or pairs generated from task (rm.* settings)")
     _config_args(q)
     q.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-rm-<method>-<time>)")
+    q.add_argument("--overwrite", action="store_true", help="delete the previous run in the run directory first "
+                   "(a new run refuses a non-empty one)")
     q.set_defaults(func=cmd_rm_train)
     q = rm_sub.add_parser("serve", help="serve a trained reward model over HTTP (POST /score) for reward.kwargs.url")
     q.add_argument("path", help="a saved reward model directory (RUN_DIR/reward_model)")
@@ -72,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--port", type=int, default=8090)
     q.add_argument("--pooling", choices=("last", "mean"), default="last", help="as the model was trained (rm.pooling)")
     q.add_argument("--device", default="cpu")
+    q.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (default: $CREDO_RM_TOKEN; "
+                   "none = no authentication)")
+    q.add_argument("--max-request-bytes", type=int, default=16 * 2**20, help="larger bodies get 413 (default 16 MiB)")
+    q.add_argument("--max-pairs", type=int, default=4096, help="more (prompt, response) pairs per request get 413")
+    q.add_argument("--max-tokens", type=int, default=None, help="prompt + response tokens scored, cut from the left "
+                   "of the prompt (default: the model's context)")
+    q.add_argument("--batch-size", type=int, default=16, help="sequences per forward; other requests are served "
+                   "between forwards")
     q.set_defaults(func=cmd_rm_serve)
 
     p = sub.add_parser("rlep", help="RLEP experience replay: collect a pool of verified answers from a checkpoint")
@@ -105,8 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     q.add_argument("--max-queue", type=int, default=256, help="waiting jobs beyond which requests get 429")
     q.add_argument("--unsafe", action="store_true", help="run WITHOUT isolation (trusted code only)")
+    q.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (default: "
+                   "$CREDO_SANDBOX_TOKEN; none = no authentication)")
+    q.add_argument("--max-time-s", type=float, default=60.0, help="largest CPU time a request may ask for")
+    q.add_argument("--max-memory-mb", type=int, default=4096, help="largest memory limit a request may ask for")
+    q.add_argument("--max-output-mb", type=int, default=16, help="largest stdout/stderr cap a request may ask for")
+    q.add_argument("--max-file-size-mb", type=int, default=256, help="largest file a request may let a program write")
     q.set_defaults(func=cmd_sandbox_serve)
     q = sandbox_sub.add_parser("check", help="verify every isolation layer and list working languages")
+    q.add_argument("--mode", choices=("root", "rootless"), default=None,
+                   help="isolation mode (default: $CREDO_SANDBOX_MODE, else root as root, rootless otherwise)")
     q.set_defaults(func=cmd_sandbox_check)
 
     p = sub.add_parser("env", help="agent environments: serve one over HTTP (AgentGym contract), or list them")
@@ -115,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name", help="a registered environment (credo env list)")
     q.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     q.add_argument("--port", type=int, default=8000)
+    q.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (default: $CREDO_ENV_TOKEN; "
+                   "none = no authentication)")
+    q.add_argument("--max-instances", type=int, default=4096, help="live instances kept (the oldest is closed)")
     q.set_defaults(func=cmd_env_serve, overrides=[])
     q.epilog = "Environment parameters as key=value, e.g. size=5 (credo env list shows them)."
     q = env_sub.add_parser("list", help="registered environments, their parameters and action formats")
@@ -150,16 +222,27 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_rm_serve(args: argparse.Namespace) -> int:
     from credo.rewards.reward_model import serve
+    from credo.rewards.rm_server import ServeLimits
 
+    try:
+        limits = ServeLimits(max_request_bytes=args.max_request_bytes, max_pairs=args.max_pairs,
+                             max_tokens=args.max_tokens, batch_size=args.batch_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    preflight_device("--device", args.device)
     print(f"reward model {args.path} on http://{args.host}:{args.port} (POST /score)", flush=True)
-    serve(args.path, host=args.host, port=args.port, pooling=args.pooling, device=args.device)
+    serve(args.path, host=args.host, port=args.port, pooling=args.pooling, device=args.device, limits=limits,
+          token=args.token)
     return 0
 
 
 def cmd_rm_train(args: argparse.Namespace) -> int:
     from credo.recipes.reward_model import rm_train
 
-    run_dir = rm_train(load_config(args.config, args.overrides), run_dir=Path(args.run_dir) if args.run_dir else None)
+    cfg = load_config(args.config, args.overrides)
+    preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, rl=False)
+    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir)):
+        run_dir = rm_train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     print(f"run directory: {run_dir}")
     print((run_dir / "summary.json").read_text().strip())
     return 0
@@ -173,10 +256,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"{run_dir} is not a credo run directory (no config.yaml)")
         cfg = load_config(str(run_dir / "config.yaml"), args.overrides)
+        preflight(cfg, run_dir=run_dir, run_dir_key="--resume", resume=True)
         train(cfg, run_dir=run_dir, resume=True)
     else:
         cfg = load_config(args.config, args.overrides)
-        run_dir = train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
+        preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
+        with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir)):
+            run_dir = train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     _print_summary(run_dir)
     return 0
 
@@ -185,7 +271,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from credo.recipes.sft import sft
 
     cfg = load_config(args.config, args.overrides)
-    run_dir = sft(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
+    preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, rl=False)
+    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir)):
+        run_dir = sft(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     _print_summary(run_dir)
     return 0
 
@@ -221,22 +309,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox_serve(args: argparse.Namespace) -> int:
+    from credo.sandbox.limits import FieldError, LimitCaps
     from credo.sandbox.server import serve
 
-    serve(host=args.host, port=args.port, workers=args.workers, max_queue=args.max_queue, unsafe=args.unsafe)
+    try:
+        caps = LimitCaps(time_s=args.max_time_s, memory_mb=args.max_memory_mb, output_bytes=args.max_output_mb << 20,
+                         file_size_mb=args.max_file_size_mb)
+    except FieldError as exc:
+        raise ConfigError(f"sandbox serve: {exc}") from None
+    serve(host=args.host, port=args.port, workers=args.workers, max_queue=args.max_queue, unsafe=args.unsafe,
+          token=args.token, caps=caps)
     return 0
 
 
 def cmd_sandbox_check(args: argparse.Namespace) -> int:
     from credo.sandbox import Sandbox, SandboxUnavailable
+    from credo.sandbox.preflight import describe
 
     try:
-        with Sandbox(workers=2) as sb:
+        with Sandbox(workers=2, mode=args.mode) as sb:
             langs = sb.languages()
     except SandboxUnavailable as exc:
         print(f"credo: sandbox unavailable: {exc}", file=sys.stderr)
         return 1
-    print("isolation: bubblewrap namespaces, seccomp deny-list, per-run cgroups, uid drop: ok")
+    print("isolation: " + describe(args.mode).removeprefix("credo sandbox: "))  # bwrap, mode, active layers
     for name, ok in langs.items():
         print(f"  {name:<11} {'ok' if ok else 'not available (toolchain missing inside the sandbox)'}")
     return 0
@@ -244,16 +340,14 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
 
 def cmd_env_serve(args: argparse.Namespace) -> int:
     from credo.config.loader import parse_override
-    from credo.envs import get_env_spec
     from credo.envs.server import serve
 
     params = dict(parse_override(o) for o in args.overrides)
-    spec = get_env_spec(args.name)
-    unknown = set(params) - set(spec.params)
-    if unknown:
-        raise ValueError(f"environment {args.name!r} has no parameter(s) {sorted(unknown)}; "
-                         f"it takes: {sorted(spec.params) or 'none'}")
-    serve(args.name, host=args.host, port=args.port, **params)
+    try:  # an unknown name or a bad parameter (raised before anything binds): one line, exit 2
+        serve(args.name, host=args.host, port=args.port, token=args.token, max_instances=args.max_instances,
+              **params)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"env serve: {exc.args[0] if exc.args else exc}") from None
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from pathlib import Path
@@ -19,6 +20,9 @@ import yaml
 from credo.config.schema import RunConfig
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# input paths a preset may give relative to its own folder (load_config); overrides stay relative to the cwd
+PRESET_PATH_KEYS = ("model.path", "critic.path", "task.train_file", "task.eval_file", "rm.train_file", "rm.eval_file",
+                    "replay.pool")
 
 
 class ConfigError(ValueError):
@@ -28,10 +32,14 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- public API
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Defaults <- YAML preset (``path`` or a preset name in ``configs/``) <- ``key=value`` overrides."""
+    """Defaults <- YAML preset (``path`` or a preset name in ``configs/``) <- ``key=value`` overrides.
+
+    Relative input paths in the preset (:data:`PRESET_PATH_KEYS`) are relative to the preset's folder
+    (:func:`resolve_preset_paths`); paths in overrides are used as given (relative to the working directory)."""
     data: dict[str, Any] = {}
     if path:
-        data = read_yaml(resolve_preset(path))
+        preset = resolve_preset(path)
+        data = resolve_preset_paths(read_yaml(preset), preset)
     for item in overrides:
         key, value = parse_override(item)
         set_dotted(data, key, value)
@@ -69,6 +77,25 @@ def resolve_preset(name: str) -> Path:
     close = difflib.get_close_matches(p.stem, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(f"config file {name!r} not found{hint}; presets: {', '.join(known) or 'none'}")
+
+
+def resolve_preset_paths(data: dict[str, Any], preset: Path) -> dict[str, Any]:
+    """``data`` (a preset read from ``preset``) with each relative path of :data:`PRESET_PATH_KEYS` made absolute
+    against the preset's folder, so a preset works from any working directory. Absolute and ``~`` paths,
+    ``replay.pool=warm_start``, and a path that exists only relative to the working directory (older presets, a
+    run's ``config.yaml`` written from cwd-relative overrides) are left as they are."""
+    base = preset.resolve().parent
+    for key in PRESET_PATH_KEYS:
+        section, name = key.split(".")
+        node = data.get(section)
+        value = node.get(name) if isinstance(node, dict) else None
+        if not isinstance(value, str) or not value or value.startswith("~") or Path(value).is_absolute() \
+                or (key == "replay.pool" and value == "warm_start"):
+            continue
+        here = Path(os.path.normpath(base / value))
+        if here.exists() or not Path(value).exists():
+            node[name] = str(here)
+    return data
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -284,6 +311,24 @@ def validate_distributed(cfg: RunConfig) -> None:
                           "(torchrun sets the world size with --nproc-per-node)")
 
 
+def validate_estimator_inputs(cfg: RunConfig) -> None:
+    """What the estimator declares it needs (its registration) is there: a critic for ``values``, and groups of
+    at least two samples for a group baseline (with G = 1 the baseline is the sample itself or nothing)."""
+    from credo.algo import ADVANTAGE_ESTIMATORS
+
+    a = cfg.algo
+    entry = ADVANTAGE_ESTIMATORS[a.advantage]
+    if {"values", "value_quantiles"} & set(entry.requirements(a.advantage_args)) and cfg.critic.enabled is False:
+        raise ConfigError(f"critic.enabled: algo.advantage={a.advantage} reads a critic's values; set "
+                          f"critic.enabled=true (or leave it null), or pick an estimator without a critic")
+    p = cfg.replay
+    group = cfg.rollout.group_size + ((p.num + p.negative) if p.pool is not None else 0)
+    if entry.groups and group < 2:
+        raise ConfigError(f"rollout.group_size: algo.advantage={a.advantage} compares each sample with the others "
+                          f"of its prompt's group and needs rollout.group_size >= 2 (got {group}); use a larger "
+                          f"group or an estimator without a group baseline (reinforce_pp, remax, gae)")
+
+
 def validate_critic(cfg: RunConfig) -> None:
     """The critic's head, loss and the estimator fit together (a run would fail at its first update otherwise)."""
     c, adv = cfg.critic, cfg.algo.advantage
@@ -303,8 +348,6 @@ def validate_critic(cfg: RunConfig) -> None:
 
 
 def validate_reward_mix(cfg: RunConfig) -> None:
-    from credo.rewards import get_reward_fn
-
     r = cfg.reward
     for i, comp in enumerate(r.mix):
         key = f"reward.mix[{i}]"
@@ -313,7 +356,7 @@ def validate_reward_mix(cfg: RunConfig) -> None:
             raise ConfigError(f"{key}: expected {{name: VERIFIER, weight: NUMBER, kwargs: {{...}}}}, got {comp!r}")
         if not isinstance(comp.get("weight", 1.0), (int, float)) or not isinstance(comp.get("kwargs", {}), dict):
             raise ConfigError(f"{key}: weight must be a number and kwargs a mapping, got {comp!r}")
-        _wrap(f"{key}.name", lambda: get_reward_fn(comp["name"]))
+        _check_reward(f"{key}.name", comp["name"])
     if r.noise > 0 and (cfg.agent.envs or cfg.agent.stages):
         raise ConfigError("reward.noise: single-turn tasks only (agent rewards come from the environments)")
 
@@ -376,7 +419,6 @@ def validate_registries(cfg: RunConfig) -> None:
     from credo import algo
     from credo.algo.critic import check_critic_loss_hparams, critic_loss_requirements
     from credo.data import get_task, list_tasks, task_param_names
-    from credo.rewards import get_reward_fn
 
     a = cfg.algo
     for key, fn in (("algo.policy_loss", lambda: algo.check_policy_loss_hparams(a.policy_loss, {})),
@@ -388,6 +430,7 @@ def validate_registries(cfg: RunConfig) -> None:
                     ("critic.loss_args", lambda: check_critic_loss_hparams(cfg.critic.loss, cfg.critic.loss_args)),
                     ("critic.loss_args", lambda: critic_loss_requirements(cfg.critic.loss, cfg.critic.loss_args))):
         _wrap(key, fn)
+    validate_estimator_inputs(cfg)
     validate_critic(cfg)
     validate_reward_mix(cfg)
     validate_attnrl(cfg)
@@ -407,7 +450,7 @@ def validate_registries(cfg: RunConfig) -> None:
                                   f"it takes: {', '.join(known)}")
         _wrap("task.params", lambda: get_task(cfg.task.name, **cfg.task.params))
     if cfg.reward.name is not None:
-        _wrap("reward.name", lambda: get_reward_fn(cfg.reward.name))
+        _check_reward("reward.name", cfg.reward.name)
     if cfg.agent.envs or cfg.agent.stages:
         validate_agent(cfg)
 
@@ -478,6 +521,20 @@ def validate_agent(cfg: RunConfig) -> None:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"agent.branch_args.{key}: {a.branching} has no parameter {key!r}{hint}; "
                                   f"it takes: {', '.join(known)}")
+
+
+def _check_reward(key: str, name: str) -> None:
+    """The verifier ``name`` resolves. A user module (``package.module:function``) that fails to import is one
+    line naming the key, whatever it raised (a syntax error, an exception of its own at import time)."""
+    from credo.rewards import get_reward_fn
+
+    try:
+        get_reward_fn(name)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ConfigError(f"{key}: {msg}") from None
+    except Exception as exc:  # noqa: BLE001 - a user module may raise anything while it is imported
+        raise ConfigError(f"{key}: importing {name!r} failed: {type(exc).__name__}: {exc}") from None
 
 
 def _wrap(key: str, fn: Any) -> None:

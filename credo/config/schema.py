@@ -51,6 +51,8 @@ class TaskConfig:
     answer_field: str = opt("answer", "answer field of file rows")
     on_bad_row: str = opt("skip", "malformed file rows: skip (and count) or error", choices=("skip", "error"))
     max_bad_rows: int | None = opt(None, "fail when more rows than this are malformed")
+    max_row_bytes: int = opt(1 << 20, "file rows longer than this many bytes are bad rows (a JSONL line is never "
+                             "read whole past it)", min=1)
 
 
 @dataclass
@@ -168,6 +170,9 @@ class AgentConfig:
     threads: int = opt(8, "concurrent environment steps", min=1)
     timeout_s: float = opt(30.0, "per-call timeout of HTTP environments", min=0.01)
     retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0)
+    max_env_failure_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes "
+                                       "failed in the environment (server error, timeout, bad answer); such episodes "
+                                       "are never trained on (1 = never stop)", min=0.0, max=1.0)
     reward_placement: str = opt("last_action", "outcome reward on the last action token (credo) or the last "
                                 "response token (AgentGym-RL reference)", choices=("last_action", "last_token"))
     template: str = opt("auto", "turn template: plain (credo's character models), chat (tokenizer's chat "
@@ -271,8 +276,10 @@ class DistributedConfig:
     rollout_workers: int = opt(1, "ray mode: rollout engine actors, each with a policy copy synced after every "
                                "update", min=1)
     reward_workers: int = opt(1, "ray mode: verifier actors the reward batches are split over", min=1)
-    ray_address: str | None = opt(None, "ray mode: null = start a private local Ray instance for the run; auto = "
-                                  "join the running cluster (`ray start --head`); or HOST:PORT")
+    ray_address: str | None = opt(None, "ray mode: null = start a private local Ray instance for the run (bound to "
+                                  "127.0.0.1); auto = join the running cluster (`ray start --head`); or HOST:PORT")
+    ray_connect_timeout_s: float = opt(30.0, "ray mode: seconds to reach ray_address before failing with a one-line "
+                                       "error (exit code 2)", min=0.1)
     worker_cpus: float = opt(1.0, "ray mode: CPUs each actor reserves (trainer ranks, rollout and reward workers)",
                              min=0.0)
     trainer_gpus: float = opt(0.0, "ray mode: GPUs each trainer rank reserves", min=0.0)

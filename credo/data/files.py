@@ -13,6 +13,10 @@ Countdown's ``numbers`` and ``target`` reach the verifier. Bad rows are either f
 (``on_bad_row="error"``) or skipped, recorded and reported in one warning (``on_bad_row="skip"``);
 they are never dropped silently. Line numbers are 1-based physical lines for JSONL and 1-based row
 indices for Parquet.
+
+A row longer than ``max_row_bytes`` (default 1 MiB; a JSONL line without its line break, a Parquet row as its
+JSON text) is a bad row too. A JSONL line is read at most ``max_row_bytes + 1`` bytes at a time, so an oversized
+line is never held, decoded or parsed whole.
 """
 from __future__ import annotations
 
@@ -23,24 +27,30 @@ import random
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, BinaryIO, Iterator, Literal, Sequence
 
 from credo.types import Example
 
 __all__ = [
     "BadRow",
     "BadRowsWarning",
+    "DEFAULT_MAX_ROW_BYTES",
     "DatasetError",
     "FileDataset",
     "JSONL_SUFFIXES",
     "PARQUET_SUFFIXES",
+    "bad_row_summary",
+    "iter_lines",
     "load_dataset_file",
+    "row_too_long",
     "split_examples",
 ]
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _WARN_FIRST = 5  # bad-row locations quoted in the skip warning
+DEFAULT_MAX_ROW_BYTES = 1 << 20  # 1 MiB: a row longer than this is a bad row (task.max_row_bytes)
+_SKIP_CHUNK = 1 << 20  # an oversized line is read on (and dropped) this many bytes at a time
 
 OnBadRow = Literal["skip", "error"]
 
@@ -72,6 +82,7 @@ class FileDataset:
     path: str
     examples: list[Example] = field(default_factory=list)
     bad_rows: list[BadRow] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)  # the line (row index) of each example, aligned with examples
 
     @property
     def num_bad(self) -> int:
@@ -95,10 +106,37 @@ class _Fields:
 _RawRow = tuple[int, Any, str]  # reason is "" when the row parsed
 
 
-def _iter_jsonl(path: str) -> Iterator[_RawRow]:
+def row_too_long(size: int, max_bytes: int) -> str:
+    """The bad-row reason of a row of ``size`` bytes over the cap."""
+    return f"row is {size:,} bytes, over max_row_bytes={max_bytes:,}"
+
+
+def iter_lines(f: BinaryIO, max_bytes: int) -> Iterator[tuple[bytes | None, int]]:
+    """``(line, size)`` for each physical line of a binary file, without its ``\\n``; ``line`` is None for a line
+    longer than ``max_bytes``, which is read on in bounded chunks and dropped (never held whole)."""
+    while True:
+        raw = f.readline(max_bytes + 1)
+        if not raw:
+            return
+        if raw.endswith(b"\n") or len(raw) <= max_bytes:  # whole line (the last one may lack its \n)
+            yield raw.removesuffix(b"\n"), len(raw) - raw.endswith(b"\n")
+            continue
+        size = len(raw)
+        while not raw.endswith(b"\n"):
+            raw = f.readline(_SKIP_CHUNK)
+            if not raw:
+                break
+            size += len(raw)
+        yield None, size - raw.endswith(b"\n")
+
+
+def _iter_jsonl(path: str, max_bytes: int) -> Iterator[_RawRow]:
     """Parse one JSON value per physical line; blank lines are skipped, not reported."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, (raw, size) in enumerate(iter_lines(f, max_bytes), start=1):
+            if raw is None:
+                yield lineno, None, row_too_long(size, max_bytes)
+                continue
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # UTF-8 byte-order mark
             if not raw.strip():
@@ -114,8 +152,9 @@ def _iter_jsonl(path: str) -> Iterator[_RawRow]:
                 yield lineno, None, f"invalid JSON: {e.msg} (column {e.colno})"
 
 
-def _iter_parquet(path: str, fields: _Fields) -> Iterator[_RawRow]:
-    """Rows of a Parquet file as dicts; a missing prompt/answer/uid column is fatal."""
+def _iter_parquet(path: str, fields: _Fields, max_bytes: int) -> Iterator[_RawRow]:
+    """Rows of a Parquet file as dicts; a missing prompt/answer/uid column is fatal. A row is measured as its
+    JSON text (after pyarrow decoded it: the cap bounds what is tokenised, not what pyarrow reads)."""
     import pyarrow.parquet as pq  # imported lazily: only Parquet users pay for it
 
     pf = pq.ParquetFile(path)
@@ -129,7 +168,8 @@ def _iter_parquet(path: str, fields: _Fields) -> Iterator[_RawRow]:
     for batch in pf.iter_batches(batch_size=4096):
         for row in batch.to_pylist():
             lineno += 1
-            yield lineno, row, ""
+            size = len(json.dumps(row, ensure_ascii=False, default=str).encode())
+            yield (lineno, None, row_too_long(size, max_bytes)) if size > max_bytes else (lineno, row, "")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,7 +235,8 @@ def _file_format(path: str) -> str:
     raise ValueError(f"{path}: unsupported dataset file extension {suffix or '(none)'!r}; expected one of {known}")
 
 
-def _summary(bad: list[BadRow]) -> str:
+def bad_row_summary(bad: Sequence[BadRow]) -> str:
+    """The first few bad rows as ``path:line: reason; ...`` and how many more there are."""
     first = "; ".join(str(b) for b in bad[:_WARN_FIRST])
     more = f"; ... and {len(bad) - _WARN_FIRST} more" if len(bad) > _WARN_FIRST else ""
     return f"{first}{more}"
@@ -209,25 +250,28 @@ def load_dataset_file(
     uid_field: str | None = None,
     on_bad_row: OnBadRow = "skip",
     max_bad_rows: int | None = None,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
 ) -> FileDataset:
     """Load a JSONL (``.jsonl``/``.json``/``.ndjson``) or Parquet (``.parquet``/``.pq``) file.
 
     Raises ValueError for an unknown extension, FileNotFoundError for a missing file, and
     :class:`DatasetError` (a ValueError) for a Parquet file without the prompt/answer/uid column, a
     bad row in ``"error"`` mode, more than ``max_bad_rows`` bad rows, or a file with no valid row. In ``"skip"`` mode one
-    :class:`BadRowsWarning` summarises the skipped rows.
+    :class:`BadRowsWarning` summarises the skipped rows. A row over ``max_row_bytes`` is a bad row.
     """
     if on_bad_row not in ("skip", "error"):
         raise ValueError(f"on_bad_row must be 'skip' or 'error', got {on_bad_row!r}")
     if max_bad_rows is not None and (isinstance(max_bad_rows, bool) or not isinstance(max_bad_rows, int)
                                      or max_bad_rows < 0):
         raise ValueError(f"max_bad_rows must be a non-negative int or None, got {max_bad_rows!r}")
+    if isinstance(max_row_bytes, bool) or not isinstance(max_row_bytes, int) or max_row_bytes < 1:
+        raise ValueError(f"max_row_bytes must be a positive int, got {max_row_bytes!r}")
     path = os.fspath(path)
     fmt = _file_format(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"dataset file not found: {path}")
     fields = _Fields(prompt_field, answer_field, uid_field)
-    rows = _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path, fields)
+    rows = _iter_jsonl(path, max_row_bytes) if fmt == "jsonl" else _iter_parquet(path, fields, max_row_bytes)
 
     ds = FileDataset(path=path)
     base = os.path.basename(path)
@@ -237,21 +281,23 @@ def load_dataset_file(
             example, reason = _to_example(row, line, base, fields)
         if example is not None:
             ds.examples.append(example)
+            ds.lines.append(line)
             continue
         bad = BadRow(path, line, reason)
         if on_bad_row == "error":
             raise DatasetError(str(bad))
         ds.bad_rows.append(bad)
         if max_bad_rows is not None and ds.num_bad > max_bad_rows:
-            raise DatasetError(f"{path}: more than max_bad_rows={max_bad_rows} bad rows; {_summary(ds.bad_rows)}")
+            summary = bad_row_summary(ds.bad_rows)
+            raise DatasetError(f"{path}: more than max_bad_rows={max_bad_rows} bad rows; {summary}")
 
     if not ds.examples:
-        detail = f" ({ds.num_bad} bad: {_summary(ds.bad_rows)})" if ds.bad_rows else ""
+        detail = f" ({ds.num_bad} bad: {bad_row_summary(ds.bad_rows)})" if ds.bad_rows else ""
         raise DatasetError(f"{path}: no valid rows{detail}")
     if ds.bad_rows:
         total = ds.num_bad + len(ds.examples)
         warnings.warn(
-            f"{path}: skipped {ds.num_bad} of {total} rows: {_summary(ds.bad_rows)}",
+            f"{path}: skipped {ds.num_bad} of {total} rows: {bad_row_summary(ds.bad_rows)}",
             BadRowsWarning,
             stacklevel=2,
         )

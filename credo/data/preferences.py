@@ -16,7 +16,7 @@ import string
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from credo.data.files import BadRow
+from credo.data.files import DEFAULT_MAX_ROW_BYTES, BadRow, iter_lines, row_too_long
 from credo.data.tasks import build_splits, get_task
 from credo.rewards import get_reward_fn
 from credo.types import Example
@@ -30,21 +30,26 @@ class PreferencePair:
     flipped: bool = False  # generated with label noise: ``chosen`` is the wrong response
 
 
-def load_pairs(path: str | Path) -> tuple[list[PreferencePair], list[BadRow]]:
-    """Pairs from a JSONL file; malformed rows are skipped and returned as bad rows."""
+def load_pairs(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+               ) -> tuple[list[PreferencePair], list[BadRow]]:
+    """Pairs from a JSONL file; malformed rows and rows over ``max_row_bytes`` are skipped and returned as bad rows
+    (an oversized line is never read whole)."""
     pairs, bad = [], []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for line_no, (line, size) in enumerate(iter_lines(f, max_row_bytes), 1):
+            if line is None:
+                bad.append(BadRow(str(path), line_no, row_too_long(size, max_row_bytes)))
+                continue
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.decode("utf-8"))
                 fields = [row.get(k) for k in ("prompt", "chosen", "rejected")] if isinstance(row, dict) else None
                 if fields is None or not all(isinstance(v, str) for v in fields):
                     raise ValueError("needs string fields prompt, chosen, rejected")
                 if fields[1] == fields[2]:
                     raise ValueError("chosen and rejected are the same response")
-            except (json.JSONDecodeError, ValueError) as exc:
+            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
                 bad.append(BadRow(path=str(path), line=line_no, reason=str(exc)))
                 continue
             pairs.append(PreferencePair(*fields))

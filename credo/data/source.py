@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-from credo.data.files import BadRow, BadRowsWarning, load_dataset_file, split_examples
+from credo.data.files import BadRow, BadRowsWarning, DatasetError, bad_row_summary, load_dataset_file, split_examples
 from credo.data.tasks import build_splits, get_task
 from credo.types import Example
 
@@ -25,6 +25,7 @@ class TaskData:
     # (tokenizer, examples) -> TrainBatch of demonstrations; None = single-turn demonstrations above
     sft_batch: Callable | None = None
     stage_train: list[list[Example]] = field(default_factory=list)  # per sequential stage (agent RL)
+    origins: dict[str, tuple[str, int]] = field(default_factory=dict)  # file rows: uid -> (path, line)
 
 
 def format_prompts(data: TaskData, tokenizer, *, template: str = "{prompt}", chat: bool = False) -> TaskData:
@@ -54,20 +55,99 @@ def load_task_data(cfg, *, seed: int) -> TaskData:
         task = get_task(cfg.name, **cfg.params)
         train, eval_ = build_splits(task, train_size=cfg.train_size, eval_size=cfg.eval_size, seed=data_seed)
         return TaskData(cfg.name, train, eval_, task.default_reward, task.demonstration)
-    train, bad = _read(cfg, cfg.train_file)
+    origins: dict[str, tuple[str, int]] = {}
+    train, bad = _read(cfg, cfg.train_file, origins)
     if cfg.eval_file:
-        eval_, bad_eval = _read(cfg, cfg.eval_file)
+        eval_, bad_eval = _read(cfg, cfg.eval_file, origins)
         bad = bad + bad_eval
     else:
         train, eval_ = split_examples(train, cfg.eval_fraction, data_seed)
-    return TaskData(f"file:{cfg.train_file}", train, eval_, "exact_match", lambda ex: ex.answer, bad)
+    return TaskData(f"file:{cfg.train_file}", train, eval_, "exact_match", lambda ex: ex.answer, bad,
+                    origins=origins)
 
 
-def _read(cfg, path: str) -> tuple[list[Example], list[BadRow]]:
+def _read(cfg, path: str, origins: dict[str, tuple[str, int]]) -> tuple[list[Example], list[BadRow]]:
+    """The file's examples and bad rows; records each example's (path, line) in ``origins``."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", BadRowsWarning)
         ds = load_dataset_file(path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                               on_bad_row=cfg.on_bad_row, max_bad_rows=cfg.max_bad_rows)
+                               on_bad_row=cfg.on_bad_row, max_bad_rows=cfg.max_bad_rows,
+                               max_row_bytes=cfg.max_row_bytes)
     for w in caught:
         log.warning("%s", w.message)
+    origins.update((ex.uid, (ds.path, line)) for ex, line in zip(ds.examples, ds.lines))
     return ds.examples, ds.bad_rows
+
+
+# ---------------------------------------------------------------------------------------- context length
+
+_TOKENIZE_BATCH = 256
+
+
+def model_context(model) -> int | None:
+    """The context length of a Hugging Face model (``config.max_position_embeddings``, or GPT-2's
+    ``n_positions``); None when its config states none."""
+    config = getattr(model, "config", None)
+    value = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def prompt_token_counts(tokenizer, prompts: list[str]) -> list[int]:
+    """Prompt lengths in tokens as the rollout engine encodes them (with the tokenizer's special tokens)."""
+    counts: list[int] = []
+    for i in range(0, len(prompts), _TOKENIZE_BATCH):
+        ids = tokenizer(prompts[i : i + _TOKENIZE_BATCH], add_special_tokens=True)["input_ids"]
+        counts += [len(x) for x in ids]
+    return counts
+
+
+def _overlong(data: TaskData, split: str, examples: list[Example], tokenizer, cfg, *, context: int,
+              max_new_tokens: int) -> tuple[list[Example], list[BadRow]]:
+    """``(kept, bad rows)`` of one split; a too-long prompt of a generated task, or of a file row under
+    ``on_bad_row=error``, raises :class:`DatasetError`."""
+    kept, bad = [], []
+    for ex, n in zip(examples, prompt_token_counts(tokenizer, [ex.prompt for ex in examples])):
+        if n + max_new_tokens <= context:
+            kept.append(ex)
+            continue
+        why = (f"prompt is {n} tokens + rollout.max_new_tokens={max_new_tokens} = {n + max_new_tokens}, over the "
+               f"model's max_position_embeddings={context}")
+        if cfg.name != "file":
+            raise DatasetError(f"task {cfg.name!r} with params {dict(cfg.params)}: {split} example {ex.uid}: {why}; "
+                               "choose smaller task parameters, a shorter prompt_template or fewer max_new_tokens")
+        path, line = data.origins.get(ex.uid, (data.name, 0))
+        row = BadRow(path, line, why)
+        if cfg.on_bad_row == "error":
+            raise DatasetError(str(row))
+        bad.append(row)
+    return kept, bad
+
+
+def drop_overlong(data: TaskData, tokenizer, cfg, *, context: int | None, max_new_tokens: int) -> TaskData:
+    """Check every (formatted) prompt against the model's context: ``prompt tokens + max_new_tokens`` must fit in
+    ``context`` (:func:`model_context`; None = not checked). ``cfg`` is the :class:`credo.config.TaskConfig`.
+
+    A file row that does not fit is a bad row: skipped, counted in ``data.bad_rows`` and summarised in one warning
+    (``on_bad_row=skip``), or fatal (``on_bad_row=error``, more than ``max_bad_rows`` bad rows in all, or no
+    training row left). A generated task's prompt that does not fit is always fatal (:class:`DatasetError`).
+    """
+    if context is None:
+        return data
+    if max_new_tokens >= context:
+        raise DatasetError(f"rollout.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+                           f"max_position_embeddings={context}")
+    kw = dict(context=context, max_new_tokens=max_new_tokens)
+    train, bad = _overlong(data, "train", data.train, tokenizer, cfg, **kw)
+    eval_, bad_eval = _overlong(data, "eval", data.eval, tokenizer, cfg, **kw)
+    bad += bad_eval
+    if not bad:
+        return data
+    summary = bad_row_summary(bad)
+    total = len(data.bad_rows) + len(bad)
+    if cfg.max_bad_rows is not None and total > cfg.max_bad_rows:
+        raise DatasetError(f"{data.name}: more than max_bad_rows={cfg.max_bad_rows} bad rows ({total}); {summary}")
+    if not train:
+        raise DatasetError(f"{data.name}: no training prompt fits the model's context ({len(bad)} too long: "
+                           f"{summary})")
+    log.warning("%s: skipped %d rows longer than the model's context: %s", data.name, len(bad), summary)
+    return dataclasses.replace(data, train=train, eval=eval_, bad_rows=data.bad_rows + bad)

@@ -16,6 +16,9 @@ worker gets the current weights and version first), the dead worker's share is r
 call completes, and ``restarts`` counts it (logged by the recipe as ``dist/rollout_restarts`` /
 ``dist/reward_restarts``). ``faults`` injects deaths for tests: ``{worker_index: call_number}`` makes that worker
 exit (``os._exit``) at the start of its n-th call; replacements never inherit it.
+
+The actors are not detached: Ray ends them when the driver exits or is killed, and a reward actor's verifier
+workers die with the actor (:mod:`credo.procs`).
 """
 from __future__ import annotations
 

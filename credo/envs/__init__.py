@@ -9,6 +9,7 @@ from credo.envs.base import (
     Env,
     EnvSpec,
     StepResult,
+    check_env_params,
     eval_task_ids,
     get_env_spec,
     list_envs,
@@ -19,5 +20,5 @@ from credo.envs.base import (
 from credo.envs.client import EnvClient, EnvError, HTTPEnvClient, LocalEnvClient
 
 __all__ = ["ENVS", "EVAL_OFFSET", "ActionParser", "Env", "EnvClient", "EnvError", "EnvSpec", "HTTPEnvClient",
-           "LocalEnvClient", "StepResult", "eval_task_ids", "get_env_spec", "list_envs", "make_env", "register_env",
-           "train_task_ids"]
+           "LocalEnvClient", "StepResult", "check_env_params", "eval_task_ids", "get_env_spec", "list_envs", "make_env",
+           "register_env", "train_task_ids"]

@@ -16,6 +16,7 @@ Task ids split into train (``0 <= id < EVAL_OFFSET``) and held-out evaluation (`
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -93,11 +94,41 @@ def get_env_spec(name: str) -> EnvSpec:
 
 
 def make_env(name: str, **params: Any) -> Env:
+    """A fresh instance of ``name``; a bad parameter raises a one-line ValueError (see :func:`check_env_params`)."""
     spec = get_env_spec(name)
-    unknown = set(params) - set(spec.params)
+    return spec.factory(**check_env_params(name, params))
+
+
+def check_env_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The defaults of ``name`` updated with ``params``, after checking every name and value type against the
+    defaults (an int parameter takes an int, not a bool; a float one any finite number; a None default anything).
+    Ranges are checked by the environment's constructor. Raises ValueError in one line."""
+    spec = get_env_spec(name)
+    unknown = sorted(set(params) - set(spec.params))
     if unknown:
-        raise TypeError(f"environment {name!r} has no parameter(s) {sorted(unknown)}; it takes: {sorted(spec.params)}")
-    return spec.factory(**{**spec.params, **params})
+        raise ValueError(f"environment {name!r} has no parameter(s) {unknown}; it takes: "
+                         f"{', '.join(sorted(spec.params)) or 'none'}")
+    for key, value in params.items():
+        kind = _param_kind(spec.params[key], value)
+        if kind:
+            raise ValueError(f"environment {name!r}: parameter {key}={value!r} must be {kind}")
+    return {**spec.params, **params}
+
+
+def _param_kind(default: Any, value: Any) -> str:
+    """'' when ``value`` has the kind of ``default``, else the kind it must have."""
+    if default is None:
+        return ""
+    if isinstance(default, bool):
+        return "" if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return "" if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return "" if ok else "a finite number"
+    if isinstance(default, (list, tuple)):
+        return "" if isinstance(value, (list, tuple)) else "a list"
+    return "" if isinstance(value, type(default)) else f"a {type(default).__name__}"
 
 
 def train_task_ids(n: int, seed: int) -> list[int]:

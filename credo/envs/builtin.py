@@ -19,6 +19,13 @@ from collections import deque
 
 from credo.envs.base import ActionParser, EnvSpec, StepResult, register_env
 
+
+def _in_range(env: str, key: str, value: float, lo: float, hi: float) -> None:
+    """One-line ValueError unless ``lo <= value <= hi`` (types are checked by ``check_env_params``)."""
+    if not lo <= value <= hi:
+        raise ValueError(f"environment {env!r}: parameter {key}={value!r} must be in [{lo}, {hi}]")
+
+
 # ------------------------------------------------------------------------------------------------ calc
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -48,6 +55,8 @@ def safe_eval(expr: str) -> int | None:
 
 class CalcEnv:
     def __init__(self, digits: int = 2, terms: int = 3):
+        _in_range("calc", "digits", digits, 1, 9)
+        _in_range("calc", "terms", terms, 1, 8)  # 9 digits x 8 terms + 7 operators = 79 chars (safe_eval takes 80)
         self.digits, self.terms = digits, terms
         self.expr, self.value, self.tool_results = "", 0, []
 
@@ -92,10 +101,13 @@ register_env(EnvSpec(
 # ------------------------------------------------------------------------------------------------ maze
 
 _MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+_MAZE_DRAWS = 1000  # layouts tried per task before the reset fails (an env failure, never an endless loop)
 
 
 class MazeEnv:
     def __init__(self, size: int = 4, wall_fraction: float = 0.0):
+        _in_range("maze", "size", size, 2, 64)
+        _in_range("maze", "wall_fraction", wall_fraction, 0.0, 0.5)
         self.size, self.wall_fraction = size, wall_fraction
         self.walls: set[tuple[int, int]] = set()
         self.pos = self.goal = (0, 0)
@@ -103,13 +115,15 @@ class MazeEnv:
     def reset(self, task_id: int) -> str:
         rng = random.Random(f"maze/{self.size}/{self.wall_fraction}/{task_id}")
         cells = [(r, c) for r in range(self.size) for c in range(self.size)]
-        while True:
+        for _ in range(_MAZE_DRAWS):
             self.pos, self.goal = rng.sample(cells, 2)
             n_walls = int(self.wall_fraction * len(cells))
             free = [c for c in cells if c not in (self.pos, self.goal)]
             self.walls = set(rng.sample(free, n_walls))
             if self.shortest_path() is not None:
                 return self._where()
+        raise RuntimeError(f"maze: no solvable layout for task {task_id} in {_MAZE_DRAWS} draws "
+                           f"(size={self.size}, wall_fraction={self.wall_fraction})")
 
     def _where(self) -> str:
         return f"at {self.pos[0]},{self.pos[1]} goal {self.goal[0]},{self.goal[1]}"

@@ -2,12 +2,16 @@
 
 A client owns action parsing (the environment receives ``kind:argument`` actions) and normalises the
 field names of AgentGym-style servers. Any failure of the environment itself (server error, timeout,
-refused connection, malformed answer) raises :class:`EnvError`; the agent loop ends that trajectory
-with a recorded failure and zero reward, and the run goes on.
+refused or reset connection, truncated body, garbage status line, malformed, oversized or too deeply nested
+answer, non-finite reward) raises :class:`EnvError`; the agent loop ends that trajectory as a recorded env
+failure, which the trainer leaves out of the update (``credo.train.agent.drop_env_failures``), and the run
+goes on.
 """
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import socket
 import time
 import urllib.error
@@ -15,6 +19,9 @@ import urllib.request
 from typing import Any, Protocol
 
 from credo.envs.base import ActionParser, StepResult, get_env_spec, make_env
+from credo.http_auth import auth_headers
+
+MAX_REPLY_BYTES = 8 << 20  # a longer answer is an env failure (8 MiB: observations are short texts)
 
 
 class EnvError(RuntimeError):
@@ -69,12 +76,15 @@ class HTTPEnvClient:
     ``env_name`` selects the action parser and instruction of a registered environment; pass ``parser`` and
     ``instruction`` for a foreign server. Idempotent calls (create, reset, observation, close) are retried
     ``retries`` times; ``step`` is retried only when the request never reached the server (connection
-    refused), so an action is never applied twice.
+    refused), so an action is never applied twice. ``token`` is sent as ``Authorization: Bearer`` (the server's
+    ``--token`` / ``CREDO_ENV_TOKEN``).
     """
 
     def __init__(self, base_url: str, env_name: str | None = None, *, timeout_s: float = 30.0, retries: int = 2,
-                 backoff_s: float = 0.2, parser: ActionParser | None = None, instruction: str | None = None):
+                 backoff_s: float = 0.2, parser: ActionParser | None = None, instruction: str | None = None,
+                 token: str | None = None, max_reply_bytes: int = MAX_REPLY_BYTES):
         self.base_url = base_url.rstrip("/")
+        self.token, self.max_reply_bytes = token, max_reply_bytes
         spec = get_env_spec(env_name) if env_name else None
         self.name = env_name or base_url
         self.parser = parser or (spec.parser if spec else None)
@@ -94,7 +104,7 @@ class HTTPEnvClient:
             obs = _field(self._call("GET", f"/observation?id={self.env_id}&env_idx={self.env_id}"), "observation",
                          "state", "obs")
         if not isinstance(obs, str):
-            raise EnvError(f"{self.name}: reset returned no observation: {str(body)[:200]}")
+            raise EnvError(f"{self.name}: reset returned no observation: {_short(body)}")
         return obs
 
     def step(self, text: str) -> StepResult:
@@ -104,12 +114,12 @@ class HTTPEnvClient:
         body = self._call("POST", "/step", {"id": self.env_id, "env_idx": self.env_id, "action": action},
                           idempotent=False)
         if not isinstance(body, dict):
-            raise EnvError(f"{self.name}: step answered {str(body)[:200]!r}")
+            raise EnvError(f"{self.name}: step answered {_short(body)}")
         obs = _field(body, "observation", "state", "obs")
         reward = _field(body, "reward", "score")
         done = _field(body, "done", "terminated")
-        if not isinstance(obs, str) or not isinstance(reward, (int, float)) or not isinstance(done, bool):
-            raise EnvError(f"{self.name}: malformed step answer: {str(body)[:200]!r}")
+        if not isinstance(obs, str) or not _is_number(reward) or not isinstance(done, bool):
+            raise EnvError(f"{self.name}: malformed step answer: {_short(body)}")
         info = body.get("info") if isinstance(body.get("info"), dict) else {}
         return StepResult(obs, float(reward), done, info)
 
@@ -125,8 +135,8 @@ class HTTPEnvClient:
     def _create(self) -> int:
         body = self._call("POST", "/create", {})
         env_id = body if isinstance(body, int) else _field(body, "id", "env_idx") if isinstance(body, dict) else None
-        if not isinstance(env_id, int):
-            raise EnvError(f"{self.name}: create returned no id: {str(body)[:200]!r}")
+        if not isinstance(env_id, int) or isinstance(env_id, bool):
+            raise EnvError(f"{self.name}: create returned no id: {_short(body)}")
         return env_id
 
     def _call(self, method: str, path: str, payload: dict | None = None, *, idempotent: bool = True) -> Any:
@@ -146,26 +156,59 @@ class HTTPEnvClient:
         raise EnvError(f"{self.name}: {method} {path} failed: {last}")
 
     def _request(self, method: str, path: str, payload: dict | None) -> Any:
+        """One HTTP exchange, decoded; every transport or decoding failure raises EnvError (_Refused when the
+        request never reached the server)."""
         data = json.dumps(payload).encode() if payload is not None and method == "POST" else None
         req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **auth_headers(self.token)})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                raw = resp.read()
+                raw = resp.read(self.max_reply_bytes + 1)
         except urllib.error.HTTPError as exc:
-            raise EnvError(f"HTTP {exc.code}: {exc.read()[:200]!r}") from None
+            raise EnvError(f"HTTP {exc.code}: {_error_body(exc)!r}") from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, ConnectionRefusedError):
                 raise _Refused(f"connection refused ({self.base_url})") from None
-            raise EnvError(f"{exc.reason}") from None
+            raise EnvError(_one_line(str(exc.reason))) from None
         except (socket.timeout, TimeoutError):
             raise EnvError(f"timed out after {self.timeout_s:g} s") from None
-        except (ConnectionError, OSError) as exc:
-            raise EnvError(f"{type(exc).__name__}: {exc}") from None
-        try:
-            return json.loads(raw) if raw.strip() else None
-        except json.JSONDecodeError:
-            raise EnvError(f"malformed JSON: {raw[:200]!r}") from None
+        except (http.client.HTTPException, OSError, ValueError) as exc:  # IncompleteRead, BadStatusLine, resets
+            raise EnvError(f"{type(exc).__name__}: {_one_line(str(exc))}") from None
+        if len(raw) > self.max_reply_bytes:
+            raise EnvError(f"answer longer than {self.max_reply_bytes} bytes")
+        return _decode(raw)
+
+
+def _decode(raw: bytes) -> Any:
+    """The JSON value of a reply body (None when empty); malformed, undecodable or too deeply nested -> EnvError."""
+    try:
+        return json.loads(raw) if raw.strip() else None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise EnvError(f"malformed JSON ({type(exc).__name__}): {raw[:200]!r}") from None
+
+
+def _error_body(exc: urllib.error.HTTPError) -> bytes:
+    """The first 200 bytes of an error reply's body (b'' when reading it fails too)."""
+    try:
+        return exc.read(200)
+    except (http.client.HTTPException, OSError, ValueError):
+        return b""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:200]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _short(body: Any) -> str:
+    """At most 200 characters of a decoded answer, for error messages (safe on any nesting depth)."""
+    try:
+        return repr(body)[:200]
+    except RecursionError:
+        return f"<{type(body).__name__} nested too deeply>"
 
 
 class _Refused(EnvError):

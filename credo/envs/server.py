@@ -10,76 +10,115 @@
 ``env_idx`` is accepted wherever ``id`` is (AgentGym servers use both). Actions arrive parsed
 (``kind:argument``); the client does the parsing. At most ``max_instances`` instances live at once (the
 oldest is closed first), so clients that never call /close cannot exhaust the server.
+
+Input handling: ids and ``data_idx`` must be JSON integers (``0.0``, ``true`` or ``"0"`` are 422, as is a
+missing id or a non-string action); an unknown id is 404. Calls on one instance (/reset, /step, /close) are
+serialised by a lock of that instance; different instances run concurrently. With a ``token`` every request
+needs ``Authorization: Bearer <token>`` (401 otherwise, :func:`credo.http_auth.install_bearer_auth`).
 """
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
-from credo.envs.base import get_env_spec, make_env
+from credo.envs.base import check_env_params, make_env
+from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
 
 
-def create_app(env_name: str, *, max_instances: int = 4096, **params: Any):
+@dataclass
+class _Instance:
+    """One live environment and the lock that serialises the calls made on it."""
+
+    env: Any
+    observation: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _int_field(value: Any, name: str) -> int:
+    """``value`` if it is a JSON integer (bools and floats are not), else a 422."""
+    from fastapi import HTTPException
+
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise HTTPException(status_code=422, detail=f"{name} must be an integer, got {value!r:.80}")
+    return value
+
+
+def _instance_id(body: dict[str, Any]) -> int:
+    return _int_field(body.get("id", body.get("env_idx")), "id")
+
+
+def create_app(env_name: str, *, max_instances: int = 4096, token: str | None = None, **params: Any):
+    """The FastAPI app serving ``env_name``; bad ``params`` raise ValueError here, before anything is served."""
     from fastapi import FastAPI, HTTPException
 
-    get_env_spec(env_name)
+    make_env(env_name, **check_env_params(env_name, params)).close()  # a probe: constructor range checks
     app = FastAPI(title=f"credo env: {env_name}")
-    instances: OrderedDict[int, Any] = OrderedDict()
-    observations: dict[int, str] = {}
-    lock = threading.Lock()
+    install_bearer_auth(app, token)
+    instances: OrderedDict[int, _Instance] = OrderedDict()
+    lock = threading.Lock()  # guards `instances`, `counter` and `stats`; never taken while waiting for an instance
     counter = itertools.count()
     stats = {"created": 0, "steps": 0}
 
-    def get(body_or_id: Any) -> tuple[int, Any]:
-        env_id = body_or_id if isinstance(body_or_id, int) else (body_or_id.get("id", body_or_id.get("env_idx")))
+    def get(env_id: int) -> _Instance:
         with lock:
             if env_id not in instances:
                 raise HTTPException(status_code=404, detail=f"no environment instance {env_id}")
-            return env_id, instances[env_id]
+            return instances[env_id]
 
     @app.post("/create")
     def create() -> dict[str, int]:
         env = make_env(env_name, **params)
         with lock:
             env_id = next(counter)
-            instances[env_id] = env
+            instances[env_id] = _Instance(env)
             stats["created"] += 1
-            while len(instances) > max_instances:
-                old_id, old = instances.popitem(last=False)
-                observations.pop(old_id, None)
-                old.close()
+            evicted = [instances.popitem(last=False)[1] for _ in range(len(instances) - max_instances)]
+        for old in evicted:
+            with old.lock:
+                old.env.close()
         return {"id": env_id}
 
     @app.post("/reset")
     def reset(body: dict[str, Any]) -> dict[str, Any]:
-        env_id, env = get(body)
-        obs = env.reset(int(body.get("data_idx", body.get("item_id", 0))))
-        observations[env_id] = obs
-        return {"id": env_id, "observation": obs}
+        env_id = _instance_id(body)
+        task_id = _int_field(body.get("data_idx", body.get("item_id", 0)), "data_idx")
+        inst = get(env_id)
+        with inst.lock:
+            inst.observation = inst.env.reset(task_id)
+            return {"id": env_id, "observation": inst.observation}
 
     @app.post("/step")
     def step(body: dict[str, Any]) -> dict[str, Any]:
-        env_id, env = get(body)
-        result = env.step(str(body.get("action", "")))
+        inst = get(_instance_id(body))
+        action = body.get("action", "")
+        if not isinstance(action, str):
+            raise HTTPException(status_code=422, detail=f"action must be a string, got {type(action).__name__}")
+        with inst.lock:
+            result = inst.env.step(action)
+            inst.observation = result.observation
         with lock:
             stats["steps"] += 1
-        observations[env_id] = result.observation
         return {"observation": result.observation, "reward": result.reward, "done": result.done, "info": result.info}
 
     @app.get("/observation")
-    def observation(id: int | None = None, env_idx: int | None = None) -> dict[str, str]:
-        env_id, _ = get(id if id is not None else env_idx)
-        return {"observation": observations.get(env_id, "")}
+    def observation(id: str | None = None, env_idx: str | None = None) -> dict[str, str]:
+        text = id if id is not None else env_idx
+        if text is None or not re.fullmatch(r"-?[0-9]{1,18}", text):
+            raise HTTPException(status_code=422, detail=f"id (or env_idx) must be an integer, got {text!r:.80}")
+        return {"observation": get(int(text)).observation}
 
     @app.post("/close")
     def close(body: dict[str, Any]) -> dict[str, bool]:
-        env_id, env = get(body)
+        env_id = _instance_id(body)
+        inst = get(env_id)
         with lock:
             instances.pop(env_id, None)
-            observations.pop(env_id, None)
-        env.close()
+        with inst.lock:
+            inst.env.close()
         return {"closed": True}
 
     @app.get("/stats")
@@ -90,7 +129,14 @@ def create_app(env_name: str, *, max_instances: int = 4096, **params: Any):
     return app
 
 
-def serve(env_name: str, *, host: str = "127.0.0.1", port: int = 8000, **params: Any) -> None:
+def serve(env_name: str, *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
+          max_instances: int = 4096, **params: Any) -> None:
+    """Serve ``env_name`` on ``host:port``. The token is ``token`` or ``$CREDO_ENV_TOKEN`` (none: no
+    authentication, and a warning on a non-loopback bind). An unknown environment (KeyError) or a bad parameter
+    (ValueError, or TypeError from an environment's own checks) raises before anything binds."""
     import uvicorn
 
-    uvicorn.run(create_app(env_name, **params), host=host, port=port, log_level="warning")
+    token = resolve_token("env", token)
+    app = create_app(env_name, max_instances=max_instances, token=token, **params)
+    warn_if_exposed(host, token, what=f"credo env serve {env_name}")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

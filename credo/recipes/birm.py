@@ -31,11 +31,11 @@ from credo.types import SamplingParams
 log = logging.getLogger(__name__)
 
 
-def birm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
+def birm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
     b = cfg.birm
     if run_dir is None and cfg.run_name is None:
         cfg.run_name = f"{cfg.task.name}-rm-birm-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = prepare_run_dir(cfg, run_dir, resume=False)
+    run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_task_data(cfg.task, seed=cfg.seed)
     if data.default_reward is None:

@@ -6,6 +6,7 @@ import copy
 import json
 import logging
 import random
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from credo.models import num_parameters, save_model
 from credo.rewards import RewardRunner
 from credo.rewards.mixed import MixedRunner, NoisyRunner
 from credo.rollout import HFRolloutEngine
-from credo.train.checkpoint import latest_checkpoint
 from credo.train.evaluate import evaluate
 from credo.train.metrics import MetricsLogger
 from credo.train.progress import StepProgress
@@ -28,17 +28,40 @@ from credo.types import SamplingParams
 log = logging.getLogger(__name__)
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool) -> Path:
+def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool, overwrite: bool = False) -> Path:
+    """The run directory (``run_dir``, else ``output_dir/run_name``, else a timestamped name) with the run's
+    ``config.yaml`` written. A new run refuses a directory that already holds files (its logs would mix with the
+    previous run's) unless ``overwrite``, which first deletes the previous run (:func:`clear_run_dir`)."""
     if run_dir is None:
         name = cfg.run_name or f"{cfg.task.name}-{cfg.algo.policy_loss}-{datetime.now():%Y%m%d-%H%M%S}"
         run_dir = Path(cfg.output_dir) / name
     run_dir = Path(run_dir)
-    if not resume and latest_checkpoint(run_dir) is not None:
-        raise FileExistsError(f"{run_dir} already holds a run with checkpoints; use --resume {run_dir} "
-                              f"or choose another run_name")
+    if not resume and run_dir.is_dir() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{run_dir} is not empty (a previous run?); continue a training run with "
+                                  f"--resume {run_dir}, replace it with --overwrite, or choose another run_name "
+                                  f"or --run-dir")
+        clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
     return run_dir
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` for ``--overwrite``: only a credo run directory (it has ``config.yaml``)
+    that neither is nor contains the working directory."""
+    here, target = Path.cwd().resolve(), run_dir.resolve()
+    if not (run_dir / "config.yaml").is_file():
+        raise FileExistsError(f"--overwrite refuses {run_dir}: it holds files but no config.yaml, so it is not a "
+                              f"credo run directory (remove it yourself or choose another run directory)")
+    if here == target or target in here.parents:
+        raise FileExistsError(f"--overwrite refuses {run_dir}: it contains the working directory")
+    log.warning("--overwrite: deleting the previous run in %s", run_dir)
+    for entry in run_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def seed_everything(seed: int, threads: int | None = None) -> None:

@@ -50,7 +50,8 @@ def compare(presets: list[str], seeds: list[int], *, out_dir: Path, overrides: l
                 continue
             log.info("compare: %s seed %d -> %s", preset, seed, run_dir)
             cfg = load_config(preset, [*overrides, f"seed={seed}", "log.report=false"])
-            train(cfg, run_dir=run_dir, resume=(run_dir / "checkpoints" / "latest").is_file())
+            resume = (run_dir / "checkpoints" / "latest").is_file()  # else a crash before the first checkpoint:
+            train(cfg, run_dir=run_dir, resume=resume, overwrite=not resume)  # start that run again, cleanly
     rows = [summarize(out_dir, preset, seeds, target) for preset in presets]
     write_outputs(out_dir, rows, presets, seeds, target, list(overrides))
     return out_dir

@@ -30,15 +30,15 @@ from credo.train.reward_model import pairwise_accuracy, train_bt, train_crm
 log = logging.getLogger(__name__)
 
 
-def rm_train(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
+def rm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
     r = cfg.rm
     if r.method == "birm":  # a process reward model on self-labelled steps: its own recipe
         from credo.recipes.birm import birm_train
 
-        return birm_train(cfg, run_dir=run_dir)
+        return birm_train(cfg, run_dir=run_dir, overwrite=overwrite)
     if run_dir is None and cfg.run_name is None:
         cfg.run_name = f"{cfg.task.name}-rm-{r.method}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = prepare_run_dir(cfg, run_dir, resume=False)
+    run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
     seed_everything(cfg.seed, cfg.train.threads)
     train, held_out, bad = preference_data(cfg)
     policy, tokenizer, fresh = load_or_build(cfg.model, seed=cfg.seed)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from credo.config import RunConfig
-from credo.data.source import format_prompts, load_task_data
+from credo.data.source import drop_overlong, format_prompts, load_task_data, model_context
 from credo.models import load_model
 from credo.recipes.common import reward_runner, seed_everything
 from credo.rollout import HFRolloutEngine
@@ -68,6 +68,8 @@ def rlep_collect(target: Path, out: Path, config: str | None, overrides: list[st
         raise ValueError("credo rlep collect needs a task with a verifier (agent environments are not supported)")
     model, tokenizer = load_model(model_dir, cfg.model)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
+    data = drop_overlong(data, tokenizer, cfg.task, context=model_context(model),
+                         max_new_tokens=cfg.rollout.max_new_tokens)
     with reward_runner(cfg, data) as runner:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
                                  lean=cfg.rollout.lean_decode)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -50,9 +51,9 @@ from credo.recipes.rlep import collect_at_start, open_replay, replay_step
 from credo.recipes.token_select import select_tokens, vepo_select
 from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
-from credo.train.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
+from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_state, save_checkpoint, set_rng_state
 from credo.train.dump import rollout_records
-from credo.data.source import format_prompts
+from credo.data.source import drop_overlong, format_prompts, model_context
 from credo.train.forward import ForwardOptions, batched_logprobs, batched_values
 from credo.train.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
@@ -116,31 +117,36 @@ class Parts:
 
 # ============================================================================ entry point
 
-def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False) -> Path:
-    """Run (or resume) RL training; returns the run directory."""
+def train(cfg: RunConfig, *, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False) -> Path:
+    """Run (or resume) RL training; returns the run directory. A new run refuses a run directory that holds files
+    unless ``overwrite`` (credo.recipes.common.prepare_run_dir)."""
     if cfg.distributed.backend == "ray":  # Ray places the ranks; each runs _train (credo.distributed.ray_launch)
         from credo.distributed.ray_launch import train_on_ray
 
-        return train_on_ray(cfg, prepare_run_dir(cfg, run_dir, resume), resume, _train)
+        return train_on_ray(cfg, prepare_run_dir(cfg, run_dir, resume, overwrite), resume,
+                            functools.partial(_train, prepared=True))
     dp = init_data_parallel(cfg)
     try:
-        return _train(cfg, run_dir, resume, dp)
+        return _train(cfg, run_dir, resume, dp, overwrite=overwrite)
     finally:
         shutdown(dp)
 
 
-def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel) -> Path:
+def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel, *, overwrite: bool = False,
+           prepared: bool = False) -> Path:
     """One process's run. With data parallelism every rank runs this whole recipe on the same seed (the same prompt
     batches; rollouts sharded over the ranks or replicated, ``distributed.rollout``) and the updates split the
     rows over the ranks (``parts.dp``)."""
-    run_dir = rank_run_dir(dp, prepare_run_dir(cfg, run_dir, resume) if dp.rank == 0 else None)
+    if dp.rank == 0 and not prepared:  # prepared: by train() before the Ray ranks started
+        run_dir = prepare_run_dir(cfg, run_dir, resume, overwrite)
+    run_dir = rank_run_dir(dp, run_dir if dp.rank == 0 else None)
     if dp.rank > 0:  # rank r's own logs and checkpoints, under rank 0's run directory
         run_dir = prepare_run_dir(cfg, run_dir, resume)
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_data(cfg, cfg.seed)
-    ckpt = latest_checkpoint(run_dir) if resume else None
+    ckpt = resume_checkpoint(run_dir) if resume else None  # the newest intact one (damaged ones are skipped)
     if resume and ckpt is None:
-        raise FileNotFoundError(f"no complete checkpoint in {run_dir}/checkpoints; start a new run instead")
+        raise FileNotFoundError(f"no complete, intact checkpoint in {run_dir}/checkpoints; start a new run instead")
     if ckpt is not None and cfg.distributed.strategy == "fsdp2":
         raise NotImplementedError("resuming a distributed.strategy=fsdp2 run is not implemented: its checkpoints "
                                   "hold the whole weights but each rank's optimizer state is sharded")
@@ -148,6 +154,8 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel)
         load_or_build(cfg.model, seed=cfg.seed)
     if not (cfg.agent.envs or cfg.agent.stages):
         data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
+        data = drop_overlong(data, tokenizer, cfg.task, context=model_context(model),
+                             max_new_tokens=cfg.rollout.max_new_tokens)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
     ray_mode = cfg.distributed.backend == "ray"
     follower = ray_mode and dp.rank > 0  # Ray mode: rank 0 alone drives the rollout and reward pools

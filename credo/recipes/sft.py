@@ -23,12 +23,12 @@ from credo.rollout import HFRolloutEngine
 from credo.train.metrics import MetricsLogger
 
 
-def sft(cfg: RunConfig, *, run_dir: Path | None = None) -> Path:
+def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
     if run_dir is None and cfg.run_name is None:
         from datetime import datetime
 
         cfg.run_name = f"{cfg.task.name}-sft-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = prepare_run_dir(cfg, run_dir, resume=False)
+    run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)

@@ -3,7 +3,9 @@
 :class:`MixedRunner` scores a batch with every component runner (each with its own executor, so a process-isolated
 verifier stays isolated) and returns ``score = sum_k w_k s_k``. The first component is the task's verifier: its
 ``correct`` flag is the result's (accuracy metrics stay verifiable when a reward model is mixed in); a result is
-``failed`` when any component failed. ``info["components"]`` holds each component's score.
+``failed`` when any component failed. ``info["components"]`` holds each component's score. A weighted sum that is not
+finite (a component's NaN, inf or None score is already a failure, but ``w * s`` can overflow) is a failure with the
+failure score (``error="non-finite score: inf (weighted sum)"``).
 
 :class:`NoisyRunner` corrupts a share ``rate`` of the *training* rewards (evaluation keeps the clean runner):
 ``flip`` maps ``s -> 2c - s`` around ``center`` (for 0/1 rewards with c = 0.5: 1 - s), ``perturb`` adds
@@ -19,27 +21,35 @@ import math
 from collections import Counter
 from typing import Any, Sequence
 
+from credo.rewards.runner import NONFINITE, finite_result
 from credo.types import Example, RewardResult
 
 
 class MixedRunner:
     """Weighted sum of several runners' scores (module docstring)."""
 
-    def __init__(self, components: list[tuple[str, float, Any]]):
+    def __init__(self, components: list[tuple[str, float, Any]], *, failure_score: float | None = None):
         if not components:
             raise ValueError("MixedRunner needs at least one component")
         self.components = components  # (name, weight, runner)
+        # None: the first component runner's failure score
+        self.failure_score = float(getattr(components[0][2], "failure_score", 0.0) if failure_score is None
+                                   else failure_score)
 
     def score(self, responses: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
-        per = [(name, w, runner.score(responses, examples)) for name, w, runner in self.components]
+        per = [(name, w, [finite_result(r, self.failure_score) for r in runner.score(responses, examples)])
+               for name, w, runner in self.components]
         out = []
         for i in range(len(responses)):
             parts = [(name, w, res[i]) for name, w, res in per]
             main = parts[0][2]
             failed = [r for _, _, r in parts if r.failed]
             info = {**main.info, "components": {name: r.score for name, _, r in parts}}
-            out.append(RewardResult(score=sum(w * r.score for _, w, r in parts), correct=main.correct,
-                                    failed=bool(failed), error="; ".join(r.error for r in failed), info=info))
+            score, errors = sum(w * r.score for _, w, r in parts), [r.error for r in failed]
+            if not math.isfinite(score):  # float overflow gives inf (or inf - inf = nan), never an exception
+                score, errors = self.failure_score, errors + [f"{NONFINITE}: {score!r} (weighted sum)"]
+            out.append(RewardResult(score=score, correct=main.correct, failed=bool(errors), error="; ".join(errors),
+                                    info=info))
         return out
 
     def close(self) -> None:

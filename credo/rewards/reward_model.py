@@ -11,10 +11,15 @@ score (0 = the model prefers the response to a neutral one); accuracy metrics of
 verifier instead (:mod:`credo.rewards.mixed`).
 
 An unreachable endpoint, a timeout or a malformed reply fails the batch's results (``failed=True``, the runner's
-failure score), never the run. The service (:func:`create_app`, ``credo rm serve PATH``)::
+failure score), never the run; a score that is NaN, +-inf or not a number (``null`` in a reply) fails its own result
+(``error="non-finite score: ..."``, counted as ``reward/nonfinite``).
+The service (:func:`create_app`, ``credo rm serve PATH``)::
 
     POST /score {"prompts": [...], "responses": [...]} -> {"scores": [...]}
     GET  /health                                       -> {"ok": true, "path": ...}
+
+bounded in size and time per request, with an optional bearer token (:mod:`credo.rewards.rm_server`); the client
+sends ``reward.kwargs.token`` or ``CREDO_RM_TOKEN``.
 """
 from __future__ import annotations
 
@@ -27,7 +32,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
+from credo.http_auth import auth_headers, resolve_token
 from credo.rewards.registry import register_reward
+from credo.rewards.runner import NONFINITE
 from credo.types import Example, RewardResult
 
 _LOCK = threading.Lock()
@@ -77,10 +84,12 @@ def local_model(path: str, device: str = "cpu", pooling: str = "last", batch_siz
 
 
 def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, timeout_s: float = 30.0,
-               retries: int = 2) -> list[float]:
-    """Scores from a ``credo rm serve`` endpoint (``POST url/score``); retried on connection errors."""
+               retries: int = 2, token: str | None = None) -> list[float]:
+    """Scores from a ``credo rm serve`` endpoint (``POST url/score``); retried on connection errors. ``token``
+    (default ``CREDO_RM_TOKEN``) is sent as a bearer token."""
     body = json.dumps({"prompts": list(prompts), "responses": list(responses)}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/score", data=body, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **auth_headers(resolve_token("rm", token))}
+    req = urllib.request.Request(url.rstrip("/") + "/score", data=body, headers=headers)
     for attempt in range(retries + 1):
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -96,14 +105,42 @@ def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, ti
             time.sleep(0.2 * 2 ** attempt)
     if not isinstance(scores, list) or len(scores) != len(prompts):
         raise ValueError(f"reward model endpoint returned {type(scores).__name__} of the wrong length")
-    return [float(s) for s in scores]
+    return [_number(s) for s in scores]
+
+
+def _number(value: Any) -> float:
+    """A reply's score as a float; NaN for anything that is not a JSON number (null, a string, a bool) or is an
+    integer too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
+
+
+def _sigmoid(x: float) -> float:
+    """1 / (1 + e^-x) without overflow for large |x|."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
+def _rm_result(s: float, transform: str, threshold: float, seconds: float) -> RewardResult:
+    """One response's result; a non-finite model score fails it (the runner gives it the failure score)."""
+    if not math.isfinite(s):
+        return RewardResult(score=0.0, failed=True, error=f"{NONFINITE}: {s!r} from the reward model",
+                            info={"time_s": seconds})
+    score = _sigmoid(s) if transform == "sigmoid" else s
+    return RewardResult(score=score, correct=s > threshold, info={"rm_score": s, "time_s": seconds})
 
 
 @register_reward("reward_model", batch=True)
 def reward_model(responses: Sequence[str], examples: Sequence[Example], *, path: str | None = None,
                  url: str | None = None, pooling: str = "last", batch_size: int = 64, device: str = "cpu",
                  transform: str = "raw", threshold: float = 0.0, timeout_s: float = 30.0,
-                 retries: int = 2) -> list[RewardResult]:
+                 retries: int = 2, token: str | None = None) -> list[RewardResult]:
     """Scores of a trained reward model (module docstring); exactly one of ``path`` and ``url``."""
     if (path is None) == (url is None):
         raise ValueError("reward_model: give exactly one of path= (a saved reward model) or url= (credo rm serve)")
@@ -112,48 +149,24 @@ def reward_model(responses: Sequence[str], examples: Sequence[Example], *, path:
     prompts = [ex.prompt for ex in examples]
     start = time.perf_counter()
     try:
-        raw = score_http(url, prompts, responses, timeout_s=timeout_s, retries=retries) if url else \
+        raw = score_http(url, prompts, responses, timeout_s=timeout_s, retries=retries, token=token) if url else \
             local_model(path, device, pooling, batch_size).score(prompts, responses)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
         return [RewardResult(score=0.0, failed=True, error=error) for _ in responses]
     each = (time.perf_counter() - start) / max(len(responses), 1)
-    out = []
-    for s in raw:
-        score = 1.0 / (1.0 + math.exp(-s)) if transform == "sigmoid" else s
-        out.append(RewardResult(score=score, correct=s > threshold, info={"rm_score": s, "time_s": each}))
-    return out
+    return [_rm_result(float(s), transform, threshold, each) for s in raw]
 
 
-def create_app(path: str | Path, *, device: str = "cpu", pooling: str = "last", batch_size: int = 64):
-    """The FastAPI app of ``credo rm serve`` (module docstring)."""
-    from fastapi import FastAPI, HTTPException
+def create_app(path: str | Path, **kwargs: Any):
+    """The FastAPI app of ``credo rm serve``, with bounded requests (:func:`credo.rewards.rm_server.create_app`)."""
+    from credo.rewards.rm_server import create_app as bounded_app
 
-    model = LocalRewardModel(path, device=device, pooling=pooling, batch_size=batch_size)
-    lock = threading.Lock()  # one forward at a time
-    app = FastAPI(title="credo reward model")
-
-    # a plain dict body (as credo's env server): under `from __future__ import annotations` a request model defined
-    # in this function is a string FastAPI cannot resolve, and it would expect a query parameter instead (422)
-    @app.post("/score")
-    def score(body: dict[str, Any]) -> dict:
-        prompts, responses = body.get("prompts"), body.get("responses")
-        if not isinstance(prompts, list) or not isinstance(responses, list) \
-                or not all(isinstance(s, str) for s in prompts + responses):
-            raise HTTPException(status_code=422, detail="expected {prompts: [str, ...], responses: [str, ...]}")
-        if len(prompts) != len(responses):
-            raise HTTPException(status_code=422, detail="prompts and responses differ in length")
-        with lock:
-            return {"scores": model.score(prompts, responses)}
-
-    @app.get("/health")
-    def health() -> dict:
-        return {"ok": True, "path": model.path}
-
-    return app
+    return bounded_app(path, **kwargs)
 
 
 def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8090, **kwargs: Any) -> None:
-    import uvicorn
+    """``credo rm serve`` (:func:`credo.rewards.rm_server.serve`)."""
+    from credo.rewards.rm_server import serve as bounded_serve
 
-    uvicorn.run(create_app(path, **kwargs), host=host, port=port, log_level="warning")
+    bounded_serve(path, host=host, port=port, **kwargs)

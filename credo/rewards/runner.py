@@ -6,7 +6,9 @@
     A small pool of long-lived, daemonic worker processes (``spawn`` start method, one duplex pipe
     each). Items are dispatched one at a time per worker; an item that runs past ``timeout_s`` gets
     its worker killed and replaced, and a worker that dies (``os._exit``, segfault) is replaced
-    too. The affected item gets a failed result; the rest of the batch is scored normally.
+    too. The affected item gets a failed result; the rest of the batch is scored normally. Each worker
+    leads its own process group and dies with the process that started it, even by ``kill -9`` and while a
+    verifier hangs ignoring SIGTERM, taking what the verifier started with it (:mod:`credo.procs`).
 
 ``"inline"``
     The verifier runs in the calling process. Exceptions are caught the same way, but a hang
@@ -20,7 +22,9 @@
 
 A verifier exception yields ``RewardResult(score=failure_score, failed=True,
 error="ExcType: message")``; a timeout yields ``error="timeout after Xs"``; a dead worker yields
-``error="worker died"``. Every result's ``info`` gets ``"time_s"``.
+``error="worker died"``. A score that is not a finite real number (NaN, +-inf, None, from any executor or a batch
+verifier) yields ``error="non-finite score: nan"`` (:data:`NONFINITE`, counted as ``reward/nonfinite``), so no
+such score reaches advantages or statistics. Every result's ``info`` gets ``"time_s"``.
 
 Neither this module nor the worker processes import torch.
 """
@@ -29,7 +33,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import importlib
+import math
 import multiprocessing
+import numbers
 import os
 import signal
 import sys
@@ -39,11 +45,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal, Optional, Sequence
 
+from credo.procs import bind_to_parent, kill_group, started_from_main_thread
 from credo.rewards.registry import VerifierFn, get_reward_fn, to_result
 from credo.types import Example, RewardResult
 
 Executor = Literal["process", "inline", "auto"]
 _ERROR_MAX_CHARS = 300
+NONFINITE = "non-finite score"  # error prefix of a result whose score was NaN, +-inf, None or not a number
 
 
 # ------------------------------------------------------------------------- shared by both executors
@@ -57,13 +65,30 @@ def _with_time(result: RewardResult, seconds: float) -> RewardResult:
     return dataclasses.replace(result, info={**result.info, "time_s": seconds})
 
 
+def finite_result(result: RewardResult, failure_score: float) -> RewardResult:
+    """``result`` with a float score, or, when its score is not a finite real number (NaN, +-inf, None, a string),
+    a failed result with ``failure_score`` and ``error="non-finite score: <value>"`` (``info`` kept)."""
+    score = result.score
+    if isinstance(score, numbers.Real) and math.isfinite(score):
+        return result if type(score) is float else dataclasses.replace(result, score=float(score))
+    return RewardResult(score=failure_score, failed=True, error=f"{NONFINITE}: {score!r}"[:_ERROR_MAX_CHARS],
+                        info=result.info)
+
+
+def _to_checked(value: Any, failure_score: float) -> RewardResult:
+    """:func:`to_result` of a verifier's return value, with None and non-finite scores as failures."""
+    if value is None:
+        return RewardResult(score=failure_score, failed=True, error=f"{NONFINITE}: None")
+    return finite_result(to_result(value), failure_score)
+
+
 def _call_verifier(
     fn: VerifierFn, response: str, example: Example, fn_kwargs: dict[str, Any], failure_score: float
 ) -> tuple[RewardResult, bool]:
     """Run one verifier call; returns ``(result with time_s, raised)``. Never raises (bar Ctrl-C)."""
     start = time.perf_counter()
     try:
-        result, raised = to_result(fn(response, example, **fn_kwargs)), False
+        result, raised = _to_checked(fn(response, example, **fn_kwargs), failure_score), False
     except (Exception, SystemExit) as exc:  # SystemExit: a verifier calling sys.exit() is a failure
         result = RewardResult(score=failure_score, failed=True, error=_format_error(exc))
         raised = True
@@ -110,11 +135,13 @@ def _send_result(conn: Connection, index: int, result: RewardResult, failure_sco
         conn.send(("result", index, _with_time(failed, result.info.get("time_s", 0.0))))
 
 
-def _worker_main(conn: Connection, spec: _WorkerSpec) -> None:
+def _worker_main(conn: Connection, spec: _WorkerSpec, parent_pid: int, pdeathsig: bool) -> None:
     """Worker loop: report ready, then receive ``(index, response, example)`` and send results.
 
-    ``None`` (or a closed pipe) ends the loop. Ctrl-C is ignored: the parent cleans up.
+    ``None`` (or a closed pipe) ends the loop. Ctrl-C is ignored: the parent cleans up. The worker and whatever
+    the verifier starts die with ``parent_pid`` (:func:`credo.procs.bind_to_parent`).
     """
+    bind_to_parent(parent_pid, pdeathsig=pdeathsig)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         fn = _resolve_in_worker(spec)
@@ -142,8 +169,9 @@ class _Worker:
 
     def __init__(self, ctx: Any, spec: _WorkerSpec, startup_timeout_s: float) -> None:
         self.conn, child_conn = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, spec), daemon=True,
-                                name="credo-reward-worker")
+        # the kernel's parent-death signal follows the starting thread: only the main thread outlives the worker
+        args = (child_conn, spec, os.getpid(), started_from_main_thread())
+        self.proc = ctx.Process(target=_worker_main, args=args, daemon=True, name="credo-reward-worker")
         self.proc.start()
         child_conn.close()  # the child holds the only other end: its death means EOF here
         self.ready = False
@@ -164,12 +192,13 @@ class _Worker:
             pass
 
     def kill(self) -> None:
-        """Stop the process: terminate, then kill if needed; always joins and closes the pipe."""
+        """Stop the process: terminate, then SIGKILL its process group (what the verifier started goes with it,
+        a verifier ignoring SIGTERM too); always joins and closes the pipe."""
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(1.0)
-        if self.proc.is_alive():
-            self.proc.kill()
+        if self.proc.is_alive() and self.proc.pid is not None:
+            kill_group(self.proc.pid)
         self.proc.join(1.0)
         self.conn.close()
 
@@ -225,6 +254,8 @@ class RewardRunner:
             raise ValueError(f"executor must be 'process', 'inline' or 'auto', got {executor!r}")
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be >= 1 and timeout_s > 0")
+        if not math.isfinite(failure_score):
+            raise ValueError(f"failure_score must be a finite number, got {failure_score!r}")
         self._workers: list[_Worker] = []
         self._closed = False
         self._owner_pid = os.getpid()
@@ -282,6 +313,8 @@ class RewardRunner:
     # ---------------------------------------------------------------------------- bookkeeping
 
     def _record(self, result: RewardResult, *, raised: bool = False, timed_out: bool = False) -> RewardResult:
+        """Count a result on its way back; a non-finite score becomes a failure here, whatever the executor."""
+        result = finite_result(result, self.failure_score)
         self.stats["calls"] += 1
         self.stats["failures"] += int(result.failed)
         self.stats["exceptions"] += int(raised)
@@ -303,7 +336,7 @@ class RewardRunner:
         """A batch verifier (it isolates and times its own work); an exception fails the whole batch."""
         start = time.perf_counter()
         try:
-            results = [to_result(r) for r in self.fn(responses, examples, **self.fn_kwargs)]
+            results = [_to_checked(r, self.failure_score) for r in self.fn(responses, examples, **self.fn_kwargs)]
             results = [dataclasses.replace(r, score=self.failure_score) if r.failed else r for r in results]
             if len(results) != len(responses):
                 raise ValueError(f"batch verifier returned {len(results)} results for {len(responses)} responses")

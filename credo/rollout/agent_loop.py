@@ -11,8 +11,9 @@ The model's own tokens, including its end-of-turn token, have mask 1; prompt, te
 observations have mask 0. ``Trajectory.turns`` records each assistant turn's ``[start, end)`` in response
 coordinates. The episode ends when the environment says done, at the turn cap (``max_turns``: the
 ScalingInter-RL horizon), when the response budget is spent, or on an environment failure (recorded,
-reward 0). The outcome reward is the last step's reward (0 if the episode was cut); where it is placed
-on tokens is the trainer's choice (``agent.reward_placement``).
+reward 0, ``failed``; the trainer leaves such episodes out of the update). The outcome reward is the last
+step's reward (0 if the episode was cut); where it is placed on tokens is the trainer's choice
+(``agent.reward_placement``).
 """
 from __future__ import annotations
 

@@ -14,13 +14,18 @@ generation, log-prob agreement with the trainer and weight sync, and is skipped 
   ``top_logprobs=k`` (ARPO / AEPO) asks vLLM for the k most likely tokens at each position.
 - Stops: a response that ends with EOS or a stop id keeps it as its last token (as the HF engine does);
   ``stop_sequences`` are passed as vLLM stop strings decoded from the token ids.
+- Temporary model folder: :meth:`from_model` saves the in-memory policy to a ``credo-vllm-*`` folder for vLLM to
+  load; the engine owns it and deletes it on :meth:`close`, when it is garbage-collected or at interpreter exit
+  (``weakref.finalize``), and at once if the engine fails to start.
 - Weights: :meth:`update_weights` loads a module's (or a state dict's) tensors into vLLM's model in every worker
   through ``LLM.apply_model`` (the model's own ``load_weights``), then resets the prefix cache. The tensors travel
   by inter-process messaging: simple and slow; a CUDA-IPC or NCCL path is future work.
 """
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,12 +41,23 @@ class VLLMUnavailable(ValueError):
     """rollout.engine=vllm on a machine without a CUDA GPU or without vLLM."""
 
 
-def vllm_available() -> bool:
+def vllm_problem() -> str | None:
+    """Why vLLM cannot run here (not installed, no CUDA GPU, fails to import), or None when it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (pip install vllm)"
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU is available to torch {torch.__version__}"
     try:
         import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
+        return f"import vllm failed ({type(exc).__name__}: {exc})"
+    return None
+
+
+def vllm_available() -> bool:
+    return vllm_problem() is None
 
 
 class VLLMRolloutEngine:
@@ -63,14 +79,22 @@ class VLLMRolloutEngine:
         self.generator.manual_seed(seed)
         self.policy_version = 0
         self.eos_id = tokenizer.eos_token_id
+        self._cleanup: weakref.finalize | None = None  # removes a temporary model folder (from_model)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer: Any, **kwargs: Any) -> "VLLMRolloutEngine":
-        """An engine for a model held in memory (saved to a temporary directory for vLLM to load)."""
+        """An engine for a model held in memory, saved to a temporary folder for vLLM to load; the folder is
+        deleted with the engine (module docstring), or here if saving or starting the engine fails."""
         path = Path(tempfile.mkdtemp(prefix="credo-vllm-"))
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        return cls(path, tokenizer, **kwargs)
+        try:
+            model.save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            engine = cls(path, tokenizer, **kwargs)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        engine._cleanup = weakref.finalize(engine, shutil.rmtree, str(path), ignore_errors=True)
+        return engine
 
     # -------------------------------------------------------------- protocol
 
@@ -122,7 +146,10 @@ class VLLMRolloutEngine:
         return encode_prompt(self.tokenizer, text)
 
     def close(self) -> None:
-        del self.llm
+        """Release vLLM and delete the temporary model folder, if any (idempotent)."""
+        self.__dict__.pop("llm", None)
+        if self._cleanup is not None:
+            self._cleanup()
 
     # -------------------------------------------------------------- internals
 

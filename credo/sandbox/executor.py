@@ -14,6 +14,12 @@ Layers, outermost first (each fails closed):
 A watchdog outside the sandbox polls the cgroup's CPU time (TLE is judged on CPU time, summed over all
 processes of the run) and the wall clock (a backstop for sleeping programs), and kills the whole cgroup.
 stdout and stderr are read concurrently with byte caps (exceeding one is OLE).
+
+Rootless mode (``rootless=True``, no cgroup, no uid drop) replaces layer 1 with rlimits and the process
+tree: RLIMIT_AS caps the address space (the memory limit plus the language's reservation allowance),
+RLIMIT_NPROC caps the user's tasks (those running now plus the run's process limit), and the watchdog reads
+CPU time and memory from ``/proc`` (:mod:`credo.sandbox.proctree`), killing the run past either limit.
+Killing bwrap ends the PID namespace and every process in it.
 """
 from __future__ import annotations
 
@@ -28,11 +34,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from credo.procs import set_parent_death_signal
 from credo.sandbox import seccomp
 from credo.sandbox.cgroups import CgroupManager, RunCgroup
+from credo.sandbox.isolation import find_bwrap
 from credo.sandbox.limits import Limits
+from credo.sandbox.proctree import ProcessTree, user_tasks
 
-BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
+BWRAP = find_bwrap() or "/usr/bin/bwrap"  # see credo.sandbox.isolation for the search order
 _POLL_S = 0.005
 _SIGNAL_BASE = 128  # bwrap reports death by signal N as exit code 128 + N
 
@@ -108,10 +117,12 @@ class Identity:
 
 
 def bwrap_command(argv: list[str], *, workdir: Path | None, files: dict[str, Path], work_mb: int,
-                  env: dict[str, str], seccomp_fd: int | None, status_fd: int) -> list[str]:
-    """bubblewrap argv. ``/work`` is the host ``workdir`` bound read-write (compile steps), or a size-limited
-    tmpfs holding read-only binds of ``files`` (test runs: nothing the program writes reaches the host disk)."""
-    cmd = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+                  env: dict[str, str], seccomp_fd: int | None, status_fd: int, bwrap: str = "") -> list[str]:
+    """bubblewrap argv (``bwrap`` defaults to :data:`BWRAP`). ``/work`` is the host ``workdir`` bound read-write
+    (compile steps), or a size-limited tmpfs holding read-only binds of ``files`` (test runs: nothing the
+    program writes reaches the host disk). The same in both modes: user, PID, network, IPC, UTS, mount and
+    cgroup namespaces are what an unprivileged bwrap can create."""
+    cmd = [bwrap or BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
            "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         target = Path("/") / name
@@ -141,32 +152,37 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.
 def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity | None,
             cgroups: CgroupManager | None, workdir: Path | None = None, files: dict[str, Path] | None = None,
             scratch: Path | None = None, work_mb: int = 64, env: dict[str, str] | None = None, isolated: bool = True,
-            extra_memory_mb: int = 0, min_processes: int = 0) -> RawRun:
+            extra_memory_mb: int = 0, min_processes: int = 0, rootless: bool = False,
+            address_space_mb: int = 1024, bwrap: str = "") -> RawRun:
     """Run ``argv`` in ``/work`` under ``limits``.
 
     ``workdir`` (host directory, bound read-write) or ``files`` (name -> host path, bound read-only into a
     tmpfs ``/work``). ``isolated=False`` (unsafe mode) runs the command directly in ``workdir`` or in
-    ``scratch`` with ``files`` copied in, with rlimits and the cgroup only.
+    ``scratch`` with ``files`` copied in, with rlimits and the cgroup only. ``rootless=True`` (no
+    ``cgroups``, no ``identity``) adds RLIMIT_AS (memory + ``address_space_mb``) and RLIMIT_NPROC.
     """
     files = files or {}
     env = {**BASE_ENV, **(env or {}), **limits.extra_env}
     memory = (limits.memory_mb + extra_memory_mb) << 20
-    cg = cgroups.create(memory_bytes=memory, pids=max(limits.processes, min_processes)) if cgroups else None
+    processes = max(limits.processes, min_processes)
+    cg = cgroups.create(memory_bytes=memory, pids=processes) if cgroups else None
     sc_r = sc_w = None
     status = list(os.pipe())  # [read end, write end]; _supervise closes and clears the write end
     try:
+        pre = Preexec.of(limits, identity, cg, address_space=memory + (address_space_mb << 20) if rootless else None,
+                         processes=processes if rootless else None)
         if isolated:
             sc_r, sc_w = os.pipe()
             os.write(sc_w, seccomp.build_filter())
             os.close(sc_w)
             sc_w = None
             cmd = bwrap_command(argv, workdir=workdir, files=files, work_mb=work_mb, env=env, seccomp_fd=sc_r,
-                                status_fd=status[1])
+                                status_fd=status[1], bwrap=bwrap)
             cwd = workdir or Path("/")
         else:
             cwd = workdir or _unsafe_dir(scratch, files)
             cmd, env = list(argv), {**env, "HOME": str(cwd)}
-        return _supervise(cmd, workdir=cwd, limits=limits, stdin=stdin, identity=identity, cg=cg,
+        return _supervise(cmd, workdir=cwd, limits=limits, stdin=stdin, preexec=pre, memory=memory,
                           env=env, isolated=isolated, pass_fds=tuple(fd for fd in (sc_r, status[1]) if fd is not None),
                           status=status)
     finally:
@@ -189,37 +205,78 @@ def _unsafe_dir(scratch: Path | None, files: dict[str, Path]) -> Path:
     return scratch
 
 
-def _preexec(limits: Limits, identity: Identity | None, cg: RunCgroup | None):
-    cpu = int(math.ceil(limits.time_s)) + 1
-    fsize = limits.file_size_mb << 20
+@dataclass(frozen=True)
+class Preexec:
+    """What runs in the child between fork and exec (as the worker's user): enter the cgroup, set the rlimits,
+    start a new session, drop to ``identity``. Each piece is a field, so a mode's plan can be inspected."""
 
-    def setup() -> None:  # runs in the child between fork and exec, as root
-        if cg is not None:
-            cg.enter()
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    rlimits: tuple[tuple[int, int, int], ...]  # (resource, soft, hard)
+    cgroup: RunCgroup | None = None
+    identity: Identity | None = None
+
+    @classmethod
+    def of(cls, limits: Limits, identity: Identity | None, cg: RunCgroup | None, *, address_space: int | None = None,
+           processes: int | None = None) -> "Preexec":
+        """The plan for one run; ``address_space`` / ``processes`` add RLIMIT_AS / RLIMIT_NPROC (rootless mode:
+        the process limit counts the user's tasks running now, which RLIMIT_NPROC includes)."""
+        cpu = int(math.ceil(limits.time_s)) + 1
+        fsize = limits.file_size_mb << 20
+        rl = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_FSIZE, fsize, fsize),
+              (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files), (resource.RLIMIT_CORE, 0, 0)]
+        if address_space is not None:
+            rl.append((resource.RLIMIT_AS, address_space, address_space))
+        if processes is not None:
+            tasks = user_tasks(os.getuid()) + processes
+            rl.append((resource.RLIMIT_NPROC, tasks, tasks))
+        return cls(tuple((which, *_within_hard(which, soft, hard)) for which, soft, hard in rl), cg, identity)
+
+    def __call__(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.enter()
+        for which, soft, hard in self.rlimits:
+            resource.setrlimit(which, (soft, hard))
         os.setsid()
-        if identity is not None:
+        if self.identity is not None:
             os.setgroups([])
-            os.setgid(identity.gid)
-            os.setuid(identity.uid)
+            os.setgid(self.identity.gid)
+            os.setuid(self.identity.uid)
+        set_parent_death_signal()  # the run dies with its worker (set after the uid change, which clears it)
 
-    return setup
+
+def _within_hard(which: int, soft: int, hard: int) -> tuple[int, int]:
+    """(soft, hard) lowered to the current hard limit (an unprivileged process cannot raise it)."""
+    ceiling = resource.getrlimit(which)[1]
+    if ceiling == resource.RLIM_INFINITY:
+        return soft, hard
+    return min(soft, ceiling), min(hard, ceiling)
 
 
-def _supervise(cmd, *, workdir, limits, stdin, identity, cg, env, isolated, pass_fds, status) -> RawRun:
+def _reap(proc: subprocess.Popen, block: bool):
+    """``wait4`` the child: sets ``proc.returncode`` and returns the rusage of its whole (reaped) tree, or None
+    while it runs."""
+    if proc.returncode is not None:
+        return None
+    pid, status, usage = os.wait4(proc.pid, 0 if block else os.WNOHANG)
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage
+
+
+def _supervise(cmd, *, workdir, limits, stdin, preexec: Preexec, memory: int, env, isolated, pass_fds,
+               status) -> RawRun:
     raw = RawRun()
     kill_event = threading.Event()
     start = time.monotonic()
+    cg = preexec.cgroup
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=str(workdir), env=env if not isolated else {"PATH": BASE_ENV["PATH"]},
-                                pass_fds=pass_fds, preexec_fn=_preexec(limits, identity, cg), close_fds=True)
-    except OSError as exc:
+                                pass_fds=pass_fds, preexec_fn=preexec, close_fds=True)
+    except (OSError, subprocess.SubprocessError) as exc:
         raw.setup_error = f"could not start the sandbox: {exc}"
         return raw
+    acct = cg if cg is not None else ProcessTree(proc.pid, memory)  # without a cgroup: the process tree
     os.close(status[1])  # our copy of the write end; bwrap holds its own
     status[1] = None
     out = _CappedReader(proc.stdout, limits.output_bytes, kill_event.set)
@@ -227,42 +284,38 @@ def _supervise(cmd, *, workdir, limits, stdin, identity, cg, env, isolated, pass
     writer = _StdinWriter(proc.stdin, stdin)
     for t in (out, err, writer):
         t.start()
-    while proc.poll() is None:
-        elapsed = time.monotonic() - start
-        cpu = cg.cpu_seconds() if cg is not None else 0.0
-        if cpu > limits.time_s:
+    usage = None
+    while (usage := _reap(proc, block=False)) is None and proc.returncode is None:
+        if isinstance(acct, ProcessTree):
+            acct.sample()
+        if acct.cpu_seconds() > limits.time_s:
             raw.cpu_exceeded = True
-        elif elapsed > limits.wall_s:
+        elif time.monotonic() - start > limits.wall_s:
             raw.wall_exceeded = True
-        if raw.cpu_exceeded or raw.wall_exceeded or kill_event.is_set():
-            _kill(proc, cg)
+        if raw.cpu_exceeded or raw.wall_exceeded or acct.oom_killed() or kill_event.is_set():
+            _kill(proc, acct)
             break
         time.sleep(_POLL_S)
-    proc.wait()
+    usage = usage or _reap(proc, block=True)
     raw.wall_time_s = time.monotonic() - start
-    if cg is not None:
-        cg.kill_all()  # anything the program left behind (daemons, setsid escapes)
-    else:
+    acct.kill_all()  # anything the program left behind (daemons, setsid escapes, a PID namespace still dying)
+    if cg is None:
+        acct.finish(usage)
         _kill_group(proc.pid)
     for t in (out, err):
         t.join(timeout=5)
     raw.stdout, raw.stderr = out.data, err.data
     raw.output_exceeded = out.exceeded or err.exceeded
-    if cg is not None:
-        raw.cpu_time_s = cg.cpu_seconds()
-        raw.memory_peak_bytes = cg.memory_peak()
-        raw.oom_killed = cg.oom_killed()
-        raw.cpu_exceeded = raw.cpu_exceeded or raw.cpu_time_s > limits.time_s
-    else:
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        raw.cpu_time_s = usage.ru_utime + usage.ru_stime
+    raw.cpu_time_s = acct.cpu_seconds()
+    raw.memory_peak_bytes = acct.memory_peak()
+    raw.oom_killed = acct.oom_killed()
+    raw.cpu_exceeded = raw.cpu_exceeded or raw.cpu_time_s > limits.time_s
     _exit_status(raw, proc.returncode, status[0], isolated)
     return raw
 
 
-def _kill(proc: subprocess.Popen, cg: RunCgroup | None) -> None:
-    if cg is not None:
-        cg.kill_all()
+def _kill(proc: subprocess.Popen, acct: RunCgroup | ProcessTree) -> None:
+    acct.kill_all()
     _kill_group(proc.pid)
 
 

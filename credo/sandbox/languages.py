@@ -19,6 +19,8 @@ class Language:
     version: tuple[str, ...] = ()  # command that proves the toolchain works
     min_processes: int = 0  # runtimes with many threads (JVM, node) need a higher pids limit
     memory_overhead_mb: int = 0  # runtime overhead added to the user's memory limit
+    # rootless mode's RLIMIT_AS = memory limit + overhead + this: address space a runtime reserves without using it
+    address_space_mb: int = 1024
     env: dict[str, str] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     # stderr patterns that mean the program never got past parsing (reported as CE for interpreted languages)
@@ -37,7 +39,7 @@ LANGUAGES: dict[str, Language] = {
                                                           "main", "main.cpp"),
                  artifacts=("main",), version=("/usr/bin/g++", "--version"), aliases=("c++", "cc", "cxx")),
         Language("javascript", "main.js", ("/usr/bin/node", "--stack-size=8000", "main.js"),
-                 version=("/usr/bin/node", "--version"), min_processes=32, memory_overhead_mb=64,
+                 version=("/usr/bin/node", "--version"), min_processes=32, memory_overhead_mb=64, address_space_mb=2048,
                  aliases=("js", "node", "nodejs"), syntax_errors=(r"^SyntaxError: ",)),
         Language("bash", "main.sh", ("/usr/bin/bash", "main.sh"), version=("/usr/bin/bash", "--version"),
                  aliases=("sh", "shell"), syntax_errors=(r"syntax error",)),
@@ -46,9 +48,9 @@ LANGUAGES: dict[str, Language] = {
                  compile=("/usr/bin/javac", "-J-XX:+UseSerialGC", "-J-Xshare:auto", "-encoding", "UTF-8",
                           "Main.java"),
                  artifacts=("Main.class",), version=("/usr/bin/java", "-version"), min_processes=64,
-                 memory_overhead_mb=192),
+                 memory_overhead_mb=192, address_space_mb=8192),  # the JVM reserves heap, class space, arenas
         Language("go", "main.go", ("./main",), compile=("/usr/bin/go", "build", "-o", "main", "main.go"),
-                 artifacts=("main",), version=("/usr/bin/go", "version"), min_processes=64,
+                 artifacts=("main",), version=("/usr/bin/go", "version"), min_processes=64, address_space_mb=4096,
                  env={"GOCACHE": "/tmp/gocache", "GOPATH": "/tmp/gopath", "GO111MODULE": "off"}),
         Language("rust", "main.rs", ("./main",), compile=("/usr/bin/rustc", "-O", "-o", "main", "main.rs"),
                  artifacts=("main",), version=("/usr/bin/rustc", "--version"), aliases=("rs",)),

@@ -1,10 +1,15 @@
-"""Typed requests and results of the sandbox (plain dataclasses: they cross process boundaries)."""
+"""Typed requests and results of the sandbox (plain dataclasses: they cross process boundaries).
+
+Requests validate their fields on construction (:class:`~credo.sandbox.limits.FieldError` names the field);
+:func:`parse_run` and :func:`parse_judge` build them from the HTTP API's plain dicts.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from credo.sandbox.limits import Limits
+from credo.sandbox.checkers import CHECKERS
+from credo.sandbox.limits import FieldError, LimitCaps, Limits, check_number, parse_limits, type_name
 
 HEAD_BYTES = 1024  # stdout / stderr heads kept per judged test
 
@@ -57,6 +62,10 @@ class RunRequest:
     stdin: str = ""
     limits: Limits = field(default_factory=Limits)
 
+    def __post_init__(self) -> None:
+        _check_common(self)
+        _check_type(self.stdin, "stdin", str)
+
 
 @dataclass
 class JudgeRequest:
@@ -70,3 +79,77 @@ class JudgeRequest:
     float_tol: float = 1e-6
     fn_name: str | None = None
     stop_on_first_failure: bool = False
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        _check_tests(self.tests)
+        if not isinstance(self.checker, str) or self.checker not in CHECKERS:
+            raise FieldError(f"checker must be one of {', '.join(CHECKERS)}, got {self.checker!r:.40}")
+        _check_type(self.checker_source, "checker_source", (str, type(None)))
+        _check_type(self.checker_language, "checker_language", str)
+        check_number(self.float_tol, "float_tol")
+        _check_type(self.fn_name, "fn_name", (str, type(None)))
+        _check_type(self.stop_on_first_failure, "stop_on_first_failure", bool)
+
+
+def _check_type(value: Any, name: str, kinds: type | tuple[type, ...]) -> None:
+    if not isinstance(value, kinds):
+        names = " or ".join("null" if k is type(None) else k.__name__ for k in (kinds if isinstance(kinds, tuple)
+                                                                                else (kinds,)))
+        raise FieldError(f"{name} must be {names}, got {type_name(value)}")
+
+
+def _check_common(req: RunRequest | JudgeRequest) -> None:
+    _check_type(req.source, "source", str)
+    _check_type(req.language, "language", (str, type(None)))
+    _check_type(req.limits, "limits", Limits)
+
+
+def _check_tests(tests: Any) -> None:
+    """``tests``: a list of objects; ``stdin`` / ``expected_stdout`` text or numbers, ``args`` a list."""
+    _check_type(tests, "tests", list)
+    for i, test in enumerate(tests):
+        _check_type(test, f"tests[{i}]", dict)
+        for key in ("stdin", "expected_stdout"):
+            if key in test and (isinstance(test[key], bool) or not isinstance(test[key], (str, int, float))):
+                raise FieldError(f"tests[{i}].{key} must be a string or number, got {type_name(test[key])}")
+        if "args" in test:
+            _check_type(test["args"], f"tests[{i}].args", list)
+
+
+def _fields_of(cls: type, data: Any, where: str) -> dict[str, Any]:
+    """``data`` as keyword arguments of ``cls``: an object with every required field and no unknown one."""
+    if not isinstance(data, dict):
+        raise FieldError(f"{where.rstrip('.') or 'request'} must be an object, got {type_name(data)}")
+    known = {f.name for f in fields(cls)}
+    for name in data:
+        if name not in known:
+            raise FieldError(f"{where}{name} is not a field of a {cls.__name__} (known: {', '.join(sorted(known))})")
+    for f in fields(cls):
+        if f.name not in data and f.default is MISSING and f.default_factory is MISSING:
+            raise FieldError(f"{where}{f.name} is required")
+    return dict(data)
+
+
+def parse_run(data: Any, caps: LimitCaps | None = None, *, where: str = "") -> RunRequest:
+    """A :class:`RunRequest` from a plain dict; its limits are checked against ``caps`` when given."""
+    kwargs = _fields_of(RunRequest, data, where)
+    kwargs["limits"] = parse_limits(kwargs.get("limits"), caps, where=f"{where}limits")
+    return _build(RunRequest, kwargs, where)
+
+
+def parse_judge(data: Any, caps: LimitCaps | None = None, *, where: str = "") -> JudgeRequest:
+    """A :class:`JudgeRequest` from a plain dict; limits and the number of tests are checked against ``caps``."""
+    kwargs = _fields_of(JudgeRequest, data, where)
+    kwargs["limits"] = parse_limits(kwargs.get("limits"), caps, where=f"{where}limits")
+    req = _build(JudgeRequest, kwargs, where)
+    if caps is not None and len(req.tests) > caps.tests:
+        raise FieldError(f"{where}tests has {len(req.tests)} tests, more than the server maximum {caps.tests}")
+    return req
+
+
+def _build(cls: type, kwargs: dict[str, Any], where: str):
+    try:
+        return cls(**kwargs)
+    except FieldError as exc:
+        raise FieldError(f"{where}{exc}") from None

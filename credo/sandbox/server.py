@@ -6,29 +6,47 @@
     POST /run_code     SandboxFusion's request and response shape, so verl configs can point at credo
     GET  /health       {"status": "ok", "workers", "pending", "stats"}
 
-When more than ``max_queue`` jobs are waiting, requests are answered 429 (retry later) instead of
-queueing without bound.
+Every field is validated: a wrong type, an out-of-range value or an unknown field is answered 422 with a
+one-line ``detail`` naming the field. Limits are capped by the server's :class:`LimitCaps` (``--max-*``): a
+request may lower a limit, never raise it (above a maximum: 422). With a token (``--token`` or
+``$CREDO_SANDBOX_TOKEN``) every request needs ``Authorization: Bearer <token>`` (401 otherwise). When more than
+``max_queue`` jobs are waiting, requests are answered 429 (retry later) instead of queueing without bound.
+SIGTERM shuts down cleanly: running requests get a few seconds, then the workers stop and the sandbox's
+temporary directory is removed.
 """
 from __future__ import annotations
 
 import asyncio
+import signal
 from dataclasses import asdict
 from typing import Any
 
-from credo.sandbox.limits import CE, OK, TLE, Limits
-from credo.sandbox.pool import Sandbox, judge_request
-from credo.sandbox.results import RunRequest
+from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
+from credo.sandbox.limits import CE, OK, TLE, FieldError, LimitCaps, check_number, parse_limits, type_name
+from credo.sandbox.pool import Sandbox
+from credo.sandbox.results import RunRequest, parse_judge, parse_run
 
 # SandboxFusion language names that differ from credo's
 _FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "c": "c", "nodejs": "javascript", "javascript": "javascript",
                      "bash": "bash", "java": "java", "go": "go", "rust": "rust"}
+# SandboxFusion /run_code fields credo reads or accepts, and their types (other fields are ignored)
+_FUSION_TYPES = {"code": str, "language": str, "stdin": (str, type(None)), "files": dict, "fetch_files": list}
+_FUSION_LABELS = {"time_s": "run_timeout", "memory_mb": "memory_limit_MB"}
+_FUSION_DEFAULTS = {"time_s": 10.0, "memory_mb": 1024}
+SHUTDOWN_GRACE_S = 5  # seconds running requests get after SIGTERM
 
 
-def create_app(sandbox: Sandbox, *, max_queue: int = 256):
+def create_app(sandbox: Sandbox, *, max_queue: int = 256, caps: LimitCaps | None = None, token: str | None = None):
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import JSONResponse
 
+    caps = caps or LimitCaps()
     app = FastAPI(title="credo sandbox", version="1")
+    install_bearer_auth(app, token)
+
+    @app.exception_handler(FieldError)
+    async def bad_field(request, exc: FieldError):
+        return JSONResponse({"detail": str(exc)}, status_code=422)
 
     def admit(n: int = 1) -> None:
         if sandbox.pending + n > max_queue:
@@ -44,50 +62,69 @@ def create_app(sandbox: Sandbox, *, max_queue: int = 256):
 
     @app.post("/run")
     async def run(body: dict[str, Any]) -> dict[str, Any]:
+        req = parse_run(body, caps)
         admit()
-        try:
-            req = RunRequest(source=body["source"], language=body.get("language"), stdin=body.get("stdin", ""),
-                             limits=Limits(**body.get("limits", {})))
-        except (KeyError, TypeError) as exc:
-            raise HTTPException(status_code=422, detail=f"bad run request: {exc}") from None
         return asdict(await wait(sandbox.submit(req)))
 
     @app.post("/judge")
     async def judge(body: dict[str, Any]) -> dict[str, Any]:
+        req = parse_judge(body, caps)
         admit()
-        return _judge_dict(await wait(sandbox.submit(_parse_judge(body))))
+        return _judge_dict(await wait(sandbox.submit(req)))
 
     @app.post("/judge_batch")
     async def judge_batch(body: dict[str, Any]) -> dict[str, Any]:
-        requests = [_parse_judge(r) for r in body.get("requests", [])]
+        requests = _batch(body, caps)
         admit(len(requests))
         results = await asyncio.gather(*(wait(sandbox.submit(r)) for r in requests))
         return {"results": [_judge_dict(r) for r in results]}
 
     @app.post("/run_code")
     async def run_code(body: dict[str, Any]):
-        admit()
-        language = _FUSION_LANGUAGES.get(str(body.get("language", "python")).lower())
-        if language is None:
+        req = fusion_request(body, caps)
+        if req is None:
             return JSONResponse({"status": "SandboxError", "message": f"unsupported language {body.get('language')}",
                                  "compile_result": None, "run_result": None, "executor_pod_name": "credo",
                                  "files": {}})
-        memory = body.get("memory_limit_MB", -1)
-        limits = Limits(time_s=float(body.get("run_timeout", 10)), memory_mb=int(memory) if memory and memory > 0 else 1024)
-        result = await wait(sandbox.submit(RunRequest(source=body.get("code", ""), language=language,
-                                                      stdin=body.get("stdin", "") or "", limits=limits)))
-        return fusion_response(result)
+        admit()
+        return fusion_response(await wait(sandbox.submit(req)))
 
     return app
 
 
-def _parse_judge(body: dict[str, Any]):
-    from fastapi import HTTPException
+def _batch(body: dict[str, Any], caps: LimitCaps) -> list:
+    """The judge requests of a /judge_batch body (``requests[i].field`` names a bad field)."""
+    for name in body:
+        if name != "requests":
+            raise FieldError(f"{name} is not a field of a judge_batch request (known: requests)")
+    requests = body.get("requests", [])
+    if not isinstance(requests, list):
+        raise FieldError(f"requests must be a list, got {type_name(requests)}")
+    return [parse_judge(r, caps, where=f"requests[{i}].") for i, r in enumerate(requests)]
 
-    try:
-        return judge_request(body)
-    except (KeyError, TypeError) as exc:
-        raise HTTPException(status_code=422, detail=f"bad judge request: {exc}") from None
+
+def fusion_request(body: dict[str, Any], caps: LimitCaps) -> RunRequest | None:
+    """The RunRequest of a SandboxFusion /run_code body (None: a language credo does not run).
+
+    ``run_timeout`` and ``memory_limit_MB`` (<= 0: the default 1024 MB) map to the limits, under ``caps``."""
+    for name, kinds in _FUSION_TYPES.items():
+        if name in body and not isinstance(body[name], kinds):
+            raise FieldError(f"{name} must be {getattr(kinds, '__name__', 'str or null')}, "
+                             f"got {type_name(body[name])}")
+    if "compile_timeout" in body:  # accepted for compatibility; credo's compile limits are its own
+        check_number(body["compile_timeout"], "compile_timeout", strict=True)
+    language = _FUSION_LANGUAGES.get(body.get("language", "python").lower())
+    if language is None:
+        return None
+    given: dict[str, Any] = {}
+    if "run_timeout" in body:
+        given["time_s"] = body["run_timeout"]
+    memory = body.get("memory_limit_MB", -1)
+    check_number(memory, "memory_limit_MB", minimum=-1)
+    if memory > 0:
+        given["memory_mb"] = max(1, int(memory))
+    limits = parse_limits(given, caps, labels=_FUSION_LABELS, defaults=_FUSION_DEFAULTS)
+    return RunRequest(source=body.get("code", ""), language=language, stdin=body.get("stdin") or "", limits=limits)
 
 
 def _judge_dict(result) -> dict[str, Any]:
@@ -113,9 +150,25 @@ def fusion_response(result) -> dict[str, Any]:
             "compile_result": None, "run_result": run_part, "executor_pod_name": "credo", "files": {}}
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080, workers: int | None = None, max_queue: int = 256,
-          unsafe: bool = False) -> None:
+          unsafe: bool = False, *, token: str | None = None, caps: LimitCaps | None = None) -> None:
+    """Serve a new :class:`Sandbox` on ``host:port`` until SIGINT / SIGTERM, then close it (workers stopped,
+    temporary directory removed; SIGTERM exits with status 143). The token is ``token`` or
+    ``$CREDO_SANDBOX_TOKEN`` (none: no authentication, and a warning on a non-loopback bind)."""
     import uvicorn
 
-    with Sandbox(workers=workers, unsafe=unsafe) as sandbox:
-        uvicorn.run(create_app(sandbox, max_queue=max_queue), host=host, port=port, log_level="info")
+    token = resolve_token("sandbox", token)
+    warn_if_exposed(host, token, what="credo sandbox serve")
+    # uvicorn restores this handler after its graceful shutdown and re-raises SIGTERM: the SystemExit then
+    # unwinds through the `with`, so the sandbox is closed instead of the process dying with its workers.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with Sandbox(workers=workers, unsafe=unsafe) as sandbox:
+            app = create_app(sandbox, max_queue=max_queue, caps=caps, token=token)
+            uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,7 +1,9 @@
 """What a sandbox worker process does: compile (cached by hash) and run submissions, judge tests.
 
-Each worker is a long-lived process with its own unprivileged uid (``uid_base + index``), marked a
-child subreaper so orphans of a run are reaped by the worker, never by the host's init.
+Each worker is a long-lived process, marked a child subreaper so orphans of a run are reaped by the worker,
+never by the host's init. In root mode every run drops to the worker's own unprivileged uid
+(``uid_base + index``) inside a per-run cgroup; in rootless mode (:mod:`credo.sandbox.isolation`) runs keep
+the worker's uid and are bounded by rlimits and the process-tree watchdog instead.
 """
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ from credo.sandbox.checkers import (
     parse_return,
     returns_equal,
 )
+from credo.sandbox import executor
 from credo.sandbox.executor import Identity, RawRun, execute
+from credo.sandbox.isolation import reachable_bwrap, resolve_mode
 from credo.sandbox.languages import Language, detect_language, extract_code, get_language
 from credo.sandbox.limits import AC, CE, COMPILE_LIMITS, MLE, OK, OLE, RE, SE, SEVERITY, TLE, WA, Limits
 from credo.sandbox.results import HEAD_BYTES, JudgeRequest, JudgeResult, RunRequest, RunResult, TestResult
@@ -58,14 +62,19 @@ class WorkerContext:
     def __init__(self, index: int, *, root: Path, uid_base: int, isolated: bool):
         self.index = index
         self.isolated = isolated
-        self.identity = Identity(uid_base + index, uid_base + index) if os.geteuid() == 0 else None
-        self.cgroups = CgroupManager() if isolated else _optional_cgroups()
+        # the pool passes its mode in $CREDO_SANDBOX_MODE; unsafe mode keeps the old best effort (uid drop as root)
+        self.mode = resolve_mode() if isolated else "unsafe"
+        rooted = self.mode == "root" or (self.mode == "unsafe" and os.geteuid() == 0)
+        self.identity = Identity(uid_base + index, uid_base + index) if rooted else None
+        self.cgroups = CgroupManager() if self.mode == "root" else (None if isolated else _optional_cgroups())
         self.root = Path(root)
         self.jobs = self.root / f"w{index}"
         self.cache = self.root / "cache"
         for d in (self.jobs, self.cache):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o755)
+        # a uid-dropped run must be able to reach the bwrap binary (root mode: a copy under the pool's root)
+        self.bwrap = reachable_bwrap(executor.BWRAP, self.root / "bin" / f"w{index}") if self.mode == "root" else ""
 
     # ------------------------------------------------------------------------------ public
     def run(self, req: RunRequest) -> RunResult:
@@ -216,7 +225,8 @@ class WorkerContext:
             os.chown(build, self.identity.uid, self.identity.gid)
         raw = execute(list(lang.compile), limits=COMPILE_LIMITS, stdin=b"", identity=self.identity,
                       cgroups=self.cgroups, workdir=build, isolated=self.isolated, env=lang.env,
-                      extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes)
+                      extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes,
+                      rootless=self.mode == "rootless", address_space_mb=lang.address_space_mb, bwrap=self.bwrap)
         result = to_run_result(raw, COMPILE_LIMITS)
         if result.verdict == OK and not all((build / a).is_file() for a in lang.artifacts):
             result = replace(result, verdict=CE, detail="the compiler produced no program")
@@ -251,12 +261,17 @@ class WorkerContext:
         raw = execute(list(argv), limits=limits, stdin=stdin, identity=self.identity, cgroups=self.cgroups,
                       files=files, scratch=job / f"scratch-{uuid.uuid4().hex[:8]}", isolated=self.isolated,
                       env=lang.env, work_mb=max(64, limits.file_size_mb * 2),
-                      extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes)
+                      extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes,
+                      rootless=self.mode == "rootless", address_space_mb=lang.address_space_mb, bwrap=self.bwrap)
         reap_orphans()
         return raw
 
 
 def _optional_cgroups() -> CgroupManager | None:
+    """Unsafe mode's best effort: per-run cgroups as root; without root the process tree is measured instead
+    (a cgroup base left writable by an earlier root run must not be mistaken for one we can use)."""
+    if os.geteuid() != 0:
+        return None
     try:
         return CgroupManager()
     except (OSError, RuntimeError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import statistics
 from collections import defaultdict
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from credo.config import RunConfig
+from credo.config import ConfigError, RunConfig
 from credo.envs import HTTPEnvClient, LocalEnvClient, eval_task_ids, get_env_spec, train_task_ids
+from credo.http_auth import resolve_token
 from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
 from credo.rollout.branching import branched_rollouts
 from credo.train.batch import collate
@@ -22,6 +24,13 @@ from credo.train.horizon import horizon
 from credo.train.sampling import Rollouts
 from credo.train.stats import rollout_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class EnvOutageError(ConfigError):
+    """More than ``agent.max_env_failure_share`` of a step's episodes failed in the environment: the run stops
+    (one line, exit 2, as a configuration problem: the environment servers are part of the run's setup)."""
 
 # ----------------------------------------------------------------------------- data
 
@@ -62,8 +71,9 @@ def stage_of(cfg: RunConfig, step: int) -> int:
 
 def make_client(cfg: RunConfig, env: str):
     a = cfg.agent
-    if env in a.server_urls:
-        return HTTPEnvClient(a.server_urls[env], env, timeout_s=a.timeout_s, retries=a.retries)
+    if env in a.server_urls:  # the bearer token comes from $CREDO_ENV_TOKEN only (never from the saved config)
+        return HTTPEnvClient(a.server_urls[env], env, timeout_s=a.timeout_s, retries=a.retries,
+                             token=resolve_token("env"))
     return LocalEnvClient(env, **a.env_params.get(env, {}))
 
 
@@ -134,9 +144,53 @@ def collect_agent_rollouts(cfg: RunConfig, engine, tokenizer, sampler, *, step: 
     metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
     results = shape_rewards(results, trajs, turn_cost=cfg.agent.turn_cost,
                             invalid_action_cost=cfg.agent.invalid_action_cost)
+    check_env_failures(results, max_share=cfg.agent.max_env_failure_share, step=step)
+    trajs, results, drop_metrics = drop_env_failures(trajs, results)
+    metrics.update(drop_metrics)
     metrics["agent/max_turns"] = max_turns
     metrics.update({f"agent/{k}": v for k, v in branch_stats.items()})
     return Rollouts(trajs, results, metrics)
+
+
+def drop_env_failures(trajs: list[Trajectory], results: list[RewardResult]
+                      ) -> tuple[list[Trajectory], list[RewardResult], dict[str, float]]:
+    """The episodes to train on. An episode that failed in the environment (``RewardResult.failed``: the server
+    erred, timed out or answered garbage) says nothing about the policy, so it is removed, and with it every group
+    left with fewer than ``min(2, group size)`` valid episodes (one survivor has no group baseline). The kept
+    groups are renumbered 0..K-1 in order, so group means and stds are over valid episodes only. Returns the kept
+    trajectories and results and the metrics ``env/failed_episodes``, ``env/failed_share``,
+    ``env/dropped_episodes`` (failed ones and their lone group mates) and ``env/dropped_groups``."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajs):
+        groups[t.group_id].append(i)
+    kept_trajs, kept_results, kept_groups = [], [], 0
+    for rows in groups.values():
+        valid = [i for i in rows if not results[i].failed]
+        if len(valid) < min(2, len(rows)):
+            continue
+        kept_trajs += [dataclasses.replace(trajs[i], group_id=kept_groups) for i in valid]
+        kept_results += [results[i] for i in valid]
+        kept_groups += 1
+    failed = sum(r.failed for r in results)
+    return kept_trajs, kept_results, {"env/failed_episodes": failed, "env/failed_share": failed / max(len(results), 1),
+                                      "env/dropped_episodes": len(trajs) - len(kept_trajs),
+                                      "env/dropped_groups": len(groups) - kept_groups}
+
+
+def check_env_failures(results: list[RewardResult], *, max_share: float, step: int) -> None:
+    """Raise :class:`EnvOutageError` when more than ``max_share`` of the step's episodes failed in the environment
+    (an outage is not a policy failure; training on the rest of a mostly failed batch would skew it); warn when
+    any did."""
+    failed = [r for r in results if r.failed]
+    if not failed:
+        return
+    share = len(failed) / len(results)
+    kinds = list(dict.fromkeys(" ".join(r.error.split())[:160] for r in failed))  # distinct, one line each
+    if share > max_share:
+        raise EnvOutageError(f"RL step {step + 1}: {len(failed)} of {len(results)} episodes failed in the environment "
+                             f"({share:.0%} > agent.max_env_failure_share={max_share:g}); first error: {kinds[0]}")
+    log.warning("RL step %d: %d of %d episodes failed in the environment and are left out of the update; errors: %s",
+                step + 1, len(failed), len(results), " | ".join(kinds[:8]))
 
 
 def shape_rewards(results: list[RewardResult], trajs: list[Trajectory], *, turn_cost: float,

@@ -1,12 +1,15 @@
 """Small helpers for step metrics: a stage timer, a micro-batch metric accumulator, rollout statistics."""
 from __future__ import annotations
 
+import math
+import numbers
 import statistics
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Iterator
 
+from credo.rewards.runner import NONFINITE
 from credo.types import RewardResult, Trajectory
 
 
@@ -60,15 +63,36 @@ class MetricAccumulator:
         return out
 
 
+def _is_finite(x: object) -> bool:
+    return isinstance(x, numbers.Real) and math.isfinite(x)
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    """Population mean and standard deviation of finite numbers (0.0, 0.0 for none). Values whose sum overflows fall
+    back to plain float arithmetic (giving inf, which the metrics logger writes as null) instead of raising."""
+    if not xs:
+        return 0.0, 0.0
+    try:
+        return statistics.fmean(xs), statistics.pstdev(xs) if len(xs) > 1 else 0.0
+    except (OverflowError, ValueError):
+        mean = sum(x / len(xs) for x in xs)
+        return mean, math.sqrt(sum((x - mean) * (x - mean) / len(xs) for x in xs))
+
+
 def rollout_metrics(trajs: list[Trajectory], results: list[RewardResult]) -> dict[str, float]:
-    """Reward, accuracy, length and verifier-failure statistics of one rollout batch."""
-    scores = [r.score for r in results]
+    """Reward, accuracy, length and verifier-failure statistics of one rollout batch.
+
+    Reward statistics are over the finite scores (the runner already turns NaN / inf / None into failures with the
+    failure score); ``reward/nonfinite`` counts the results whose verifier gave a non-finite score, which are also
+    ``reward/verifier_failures``. Never raises on a score that is not a finite number."""
+    scores = [float(r.score) for r in results if _is_finite(r.score)]
+    mean, std = _mean_std(scores)
     lengths = [len(t.response_ids) for t in trajs]
     return {
-        "reward/mean": statistics.fmean(scores),
-        "reward/std": statistics.pstdev(scores) if len(scores) > 1 else 0.0,
-        "reward/max": max(scores),
-        "reward/min": min(scores),
+        "reward/mean": mean,
+        "reward/std": std,
+        "reward/max": max(scores, default=0.0),
+        "reward/min": min(scores, default=0.0),
         "acc/mean": sum(r.correct for r in results) / len(results),
         "response_length/mean": statistics.fmean(lengths),
         "response_length/max": max(lengths),
@@ -76,4 +100,5 @@ def rollout_metrics(trajs: list[Trajectory], results: list[RewardResult]) -> dic
         "response_length/clip_ratio": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
         "reward/verifier_failures": sum(r.failed for r in results),
         "reward/verifier_timeouts": sum(r.failed and "timeout" in r.error for r in results),
+        "reward/nonfinite": sum(not _is_finite(r.score) or (r.failed and NONFINITE in r.error) for r in results),
     }

@@ -12,7 +12,7 @@ from credo.algo.registry import register_advantage
 from credo.types import AdvantageOutput
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", groups=True)
 def grpo_advantage(
     *,
     rewards: torch.Tensor,  # (B,)
@@ -37,7 +37,7 @@ def grpo_advantage(
     return AdvantageOutput(advantages=adv_t, returns=adv_t, metrics={"frac_reward_zero_std": zero_std})
 
 
-@register_advantage("dr_grpo")
+@register_advantage("dr_grpo", groups=True)
 def dr_grpo_advantage(
     *,
     rewards: torch.Tensor,  # (B,)
@@ -48,7 +48,7 @@ def dr_grpo_advantage(
     return grpo_advantage(rewards=rewards, group_ids=group_ids, response_mask=response_mask, norm_std=False)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", groups=True)
 def rloo_advantage(
     *,
     rewards: torch.Tensor,  # (B,)
@@ -67,7 +67,7 @@ def rloo_advantage(
     return AdvantageOutput(advantages=adv_t, returns=adv_t)
 
 
-@register_advantage("opo")
+@register_advantage("opo", groups=True)
 def opo_advantage(
     *,
     rewards: torch.Tensor,  # (B,)
@@ -86,7 +86,7 @@ def opo_advantage(
     return AdvantageOutput(advantages=adv_t, returns=adv_t)
 
 
-@register_advantage("grpo_passk")
+@register_advantage("grpo_passk", groups=True)
 def grpo_passk_advantage(
     *,
     rewards: torch.Tensor,  # (B,)
@@ -115,7 +115,7 @@ def grpo_passk_advantage(
     return AdvantageOutput(advantages=adv_t, returns=adv_t)
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", groups=True)
 def reinforce_pp_baseline_advantage(
     *,
     rewards: torch.Tensor,  # (B,)

