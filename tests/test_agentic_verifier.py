@@ -4,8 +4,6 @@ model through the agent loop, the batch reward, and a tiny ``credo train agent.e
 from __future__ import annotations
 
 import math
-import os
-import shutil
 from collections import OrderedDict
 from pathlib import Path
 
@@ -27,15 +25,16 @@ from credo.rewards.agentic_verifier import (
     verifier_reward,
 )
 from credo.types import Example, RewardResult, SamplingParams
+from tests.sandbox_util import isolation_missing
 
 
 def _sandbox_or_skip(observation: str) -> None:
-    """Skip where sandbox isolation cannot exist here; fail where it must (root with bubblewrap), as
-    tests/sandbox_util.py decides."""
+    """Skip where sandbox isolation cannot exist here; fail where it must, as tests/sandbox_util.py decides."""
     if observation.startswith("error: sandbox unavailable"):
-        if os.geteuid() == 0 and shutil.which("bwrap"):
-            pytest.fail(f"root with bubblewrap, yet: {observation}")
-        pytest.skip(observation)
+        reason = isolation_missing()
+        if reason is None:
+            pytest.fail(f"isolation must work here, yet: {observation}")
+        pytest.skip(f"{reason}: {observation}")
 
 
 # ----------------------------------------------------------------------------- scoring, by hand

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from credo.config import ConfigError
 from credo.distributed.data_parallel import DataParallel
+from credo.http_auth import is_loopback
 from credo.procs import reap_when_gone
 
 log = logging.getLogger(__name__)
@@ -95,10 +96,6 @@ def start_local(ray, **kwargs: Any) -> None:
     except AttributeError:  # not the Ray this was written for (or a test double): Ray's own fate sharing only
         return
     reap_when_gone(os.path.join(session, ""))  # with the separator: session_..._123 is no prefix of ..._1234
-
-
-def is_loopback(host: str) -> bool:
-    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def resolve_address(address: str) -> str:
