@@ -66,6 +66,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, fsdp2: bool = F
             grads, metrics = _update(model, batch, mode, DataParallel(rank, world), fsdp2=fsdp2)
             if rank == 0:
                 torch.save({"grads": grads, "metrics": metrics}, os.path.join(out_dir, f"{mode}.pt"))
+        dist.barrier()  # neither rank tears gloo down while the other still talks to it (flaky SIGABRT without)
     finally:
         dist.destroy_process_group()
 

@@ -131,6 +131,18 @@ def test_data_error_after_the_preflight_leaves_no_run_dir(tmp_path):
     assert (mine / "notes.txt").read_text() == "keep"
 
 
+def test_data_error_with_a_generated_run_name_leaves_no_run_dir(tmp_path):
+    """Without --run-dir or run_name the CLI chooses the TASK-LOSS-TIMESTAMP name itself, so the folder a failed
+    start made is removed too (it was left behind before)."""
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "rev ab=", "answer": "ba"}) + "\n{not json\n")
+    out = tmp_path / "out"
+    proc = _cli("train", *TINY_RUN, "task.name=file", f"task.train_file={data}", "task.on_bad_row=error",
+                "train.steps=1", f"output_dir={out}", "run_name=null", cwd=tmp_path)
+    assert proc.returncode == 1 and f"{data}:2" in proc.stderr, proc.stderr[-2000:]
+    assert not out.exists() or list(out.iterdir()) == []
+
+
 def test_missing_data_file_is_refused_before_the_run_dir(tmp_path, capsys):
     run = tmp_path / "run"
     code = main(["-q", "train", "--run-dir", str(run), "task.name=file", f"task.train_file={tmp_path / 'nope.jsonl'}"])

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from credo.config import ConfigError, load_config
@@ -70,10 +71,10 @@ def _debug_traceback() -> None:
 
 
 @contextlib.contextmanager
-def _no_half_made_run_dir(run_dir: Path | None):
+def _no_half_made_run_dir(run_dir: Path):
     """Remove ``run_dir`` again if this command created it and fails while it holds nothing but the run's
-    ``config.yaml`` (a data or model error after the preflight). None (a generated name): nothing to watch."""
-    created = run_dir is not None and not run_dir.exists()
+    ``config.yaml`` (a data or model error after the preflight)."""
+    created = not run_dir.exists()
     try:
         yield
     except BaseException:
@@ -83,11 +84,15 @@ def _no_half_made_run_dir(run_dir: Path | None):
         raise
 
 
-def _target_run_dir(cfg, run_dir: str | None) -> Path | None:
-    """The run directory a new run will use when it is known in advance (``--run-dir`` or ``run_name``)."""
+def _target_run_dir(cfg, run_dir: str | None, default_name: str) -> Path:
+    """The run directory a new run will use: ``--run-dir``, else ``output_dir/run_name``; without a ``run_name``
+    one is chosen here (``DEFAULT_NAME-YYYYmmdd-HHMMSS``, the name the recipe would choose) and set in ``cfg``, so
+    that a failed start can remove the folder it made (:func:`_no_half_made_run_dir`)."""
     if run_dir:
         return Path(run_dir)
-    return Path(cfg.output_dir) / cfg.run_name if cfg.run_name else None
+    if not cfg.run_name:
+        cfg.run_name = f"{default_name}-{datetime.now():%Y%m%d-%H%M%S}"
+    return Path(cfg.output_dir) / cfg.run_name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,7 +246,7 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, rl=False)
-    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir)):
+    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-rm-{cfg.rm.method}")):
         run_dir = rm_train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     print(f"run directory: {run_dir}")
     print((run_dir / "summary.json").read_text().strip())
@@ -261,7 +266,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, args.overrides)
         preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
-        with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir)):
+        with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-{cfg.algo.policy_loss}")):
             run_dir = train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     _print_summary(run_dir)
     return 0
@@ -272,7 +277,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, rl=False)
-    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir)):
+    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-sft")):
         run_dir = sft(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     _print_summary(run_dir)
     return 0
