@@ -195,18 +195,6 @@ def test_env_failed_episodes_leave_the_batch_and_the_group_statistics():
     assert adv.tolist() == pytest.approx(expected, abs=1e-4)
 
 
-def test_env_failures_that_leave_no_group_stop_the_step():
-    from credo.train.agent import EnvOutageError, check_env_failures, drop_env_failures, require_episodes
-
-    # two groups of 2, one failure each: share 2/4 = 0.5 is within the default limit, yet no group keeps 2 episodes
-    trajs, results = zip(*[_traj(0, 1, False), _traj(0, 0, True), _traj(1, 0, True), _traj(1, 1, False)])
-    check_env_failures(list(results), max_share=0.5, step=0)
-    kept_t, _, metrics = drop_env_failures(list(trajs), list(results))
-    assert kept_t == [] and metrics["env/dropped_groups"] == 2
-    with pytest.raises(EnvOutageError, match="left no group"):
-        require_episodes(kept_t, metrics, step=0)
-
-
 def test_a_group_of_one_keeps_its_valid_episode():
     from credo.train.agent import drop_env_failures
 

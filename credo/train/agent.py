@@ -146,7 +146,6 @@ def collect_agent_rollouts(cfg: RunConfig, engine, tokenizer, sampler, *, step: 
                             invalid_action_cost=cfg.agent.invalid_action_cost)
     check_env_failures(results, max_share=cfg.agent.max_env_failure_share, step=step)
     trajs, results, drop_metrics = drop_env_failures(trajs, results)
-    require_episodes(trajs, drop_metrics, step=step)
     metrics.update(drop_metrics)
     metrics["agent/max_turns"] = max_turns
     metrics.update({f"agent/{k}": v for k, v in branch_stats.items()})
@@ -176,14 +175,6 @@ def drop_env_failures(trajs: list[Trajectory], results: list[RewardResult]
     return kept_trajs, kept_results, {"env/failed_episodes": failed, "env/failed_share": failed / max(len(results), 1),
                                       "env/dropped_episodes": len(trajs) - len(kept_trajs),
                                       "env/dropped_groups": len(groups) - kept_groups}
-
-
-def require_episodes(kept: list[Trajectory], drop_metrics: dict[str, float], *, step: int) -> None:
-    """Raise :class:`EnvOutageError` when dropping env failures left nothing to train on (groups of two with one
-    failure each stay within ``agent.max_env_failure_share`` yet keep no group)."""
-    if not kept:
-        raise EnvOutageError(f"RL step {step + 1}: environment failures left no group with two valid episodes "
-                             f"({drop_metrics['env/failed_episodes']} failed); check the environment servers")
 
 
 def check_env_failures(results: list[RewardResult], *, max_share: float, step: int) -> None:
