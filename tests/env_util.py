@@ -1,6 +1,7 @@
 """Helpers for tests that start environment servers."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -19,6 +20,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def post_json(url: str, body=None, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """(status, decoded JSON answer) of a POST of ``body`` (JSON-encoded unless bytes) to ``url``; a GET when
+    ``body`` is None. HTTP errors are answers too."""
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
 
 
 def wait_up(url: str, proc=None, timeout: float = 30) -> None:

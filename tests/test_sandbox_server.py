@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.env_util import post_json
 from tests.sandbox_util import make_sandbox
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,13 +27,7 @@ def _free_port() -> int:
 
 
 def _post(port: int, path: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+    return post_json(f"http://127.0.0.1:{port}{path}", body, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from credo.algo import ADVANTAGE_ESTIMATORS
 from credo.cli.main import main
 from credo.config import ConfigError, load_config
 from tests.conftest import TINY, TINY_RUN
-from tests.env_util import free_port
+from tests.env_util import free_port, post_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -309,14 +309,7 @@ class _Server:
         self.thread.join(timeout=10)
 
 
-def _post(url: str, payload, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+_post = post_json
 
 
 def _local_score(rm_dir: Path, prompt_ids: list[int], response_ids: list[int]) -> float:

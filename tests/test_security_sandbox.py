@@ -6,7 +6,6 @@ code for its own reason.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -16,14 +15,14 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
 
+from credo.http_auth import auth_headers
 from credo.sandbox import Limits, RunRequest, Sandbox
+from tests.env_util import free_port, post_json
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "print('secret-of-client-1')"
@@ -276,21 +275,8 @@ def test_cli_passes_token_and_maxima(monkeypatch):
 
 
 # ------------------------------------------------------------------ item 16a: SIGTERM shuts down cleanly
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _request(port: int, path: str, body: dict | None = None, token: str | None = None, timeout: float = 60):
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+    return post_json(f"http://127.0.0.1:{port}{path}", body, auth_headers(token), timeout)
 
 
 def _children(pid: int) -> list[int]:
@@ -324,7 +310,7 @@ def tmpdir_755():
 
 def test_sigterm_stops_workers_and_removes_temp_dirs(tmpdir_755):
     tmp = tmpdir_755
-    port, token = _free_port(), "tok-16a"
+    port, token = free_port(), "tok-16a"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp), "CREDO_SANDBOX_TOKEN": token}
     proc = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "sandbox", "serve", "--port", str(port),
                              "--workers", "2", "--unsafe"], cwd=REPO, env=env,
