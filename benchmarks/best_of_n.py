@@ -31,13 +31,13 @@ def main() -> None:
     from credo.config import load_config
     from credo.data.source import load_task_data
     from credo.models import ValueModel, load_or_build
-    from credo.models.birm import BiRewardModel
+    from credo.methods.birm.model import BiRewardModel
     from credo.recipes.common import seed_everything, warm_start
     from credo.rewards import RewardRunner
     from credo.rollout import HFRolloutEngine
-    from credo.train.birm import score_responses
-    from credo.train.metrics import MetricsLogger
-    from credo.train.reward_model import response_batch, rm_scores
+    from credo.methods.birm.train import score_responses
+    from credo.tracking.metrics import MetricsLogger
+    from credo.methods.reward_models.train import response_batch, rm_scores
     from credo.types import SamplingParams
 
     cfg = load_config(None, [f"seed={args.seed}", "log.progress=false"])

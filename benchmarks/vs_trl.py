@@ -124,7 +124,7 @@ def run_trl(args, model_dir: str, out: Path) -> dict[str, list[float]]:
 def run_credo(args, model_dir: str, out: Path) -> dict[str, list[float]]:
     from credo.config import load_config
     from credo.recipes.rlvr import train
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
 
     task, params = TASKS[args.model]
     overrides = [

@@ -16,7 +16,7 @@ from credo.envs import EVAL_OFFSET, LocalEnvClient
 from credo.envs.builtin import CalcEnv
 from credo.models.tokenizer import build_char_tokenizer
 from credo.rollout.agent_loop import plain_template
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 from tests.env_util import JSONHandler, env_server
 

@@ -6,7 +6,7 @@ import pytest
 from credo.envs import EnvError, LocalEnvClient
 from credo.rollout import HFRolloutEngine
 from credo.rollout.agent_loop import AgentLoop, plain_template, to_trajectory
-from credo.train.horizon import horizon
+from credo.collect.horizon import horizon
 from credo.types import Example, SamplingParams
 
 
@@ -115,7 +115,7 @@ def test_scaling_inter_horizon_schedule():
 def test_turn_and_invalid_action_costs_shape_training_scores():
     from types import SimpleNamespace
 
-    from credo.train.agent import shape_rewards
+    from credo.collect.agent import shape_rewards
     from credo.types import RewardResult
 
     results = [RewardResult(1.0, correct=True), RewardResult(1.0, correct=True), RewardResult(0.0),

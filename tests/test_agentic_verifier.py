@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from credo.envs import EVAL_OFFSET, LocalEnvClient, eval_task_ids, get_env_spec, train_task_ids
-from credo.envs import verifier as venv
-from credo.envs.verifier import CaseClient, VerifyCase, make_case
-from credo.rewards.agentic_verifier import (
+from credo.methods.agentic_verifier import env as venv
+from credo.methods.agentic_verifier.env import CaseClient, VerifyCase, make_case
+from credo.methods.agentic_verifier.reward import (
     AgenticVerifier,
     best_of_n,
     combine,
@@ -319,7 +319,7 @@ def test_agentic_verifier_with_an_untrained_model_and_the_batch_reward(wide_mode
 
 def test_credo_train_on_verify_completes_and_logs_rewards(tmp_path: Path):
     from credo.cli.main import main
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
     from tests.conftest import TINY_RUN
 
     args = [*TINY_RUN, "agent.envs=[verify]", "agent.max_turns=3", "agent.max_tokens_per_turn=40",
@@ -337,7 +337,7 @@ def test_credo_train_on_verify_completes_and_logs_rewards(tmp_path: Path):
 def test_credo_train_with_the_agentic_verifier_as_reward(wide_model, tmp_path: Path):
     from credo.cli.main import main
     from credo.models.build import save_model
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
     from tests.conftest import TINY_RUN
 
     model, tok = wide_model

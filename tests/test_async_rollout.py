@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from credo.cli.main import main
-from credo.train.metrics import read_metrics
-from credo.train.sampling import Prefetch, Rollouts
+from credo.tracking.metrics import read_metrics
+from credo.collect.group import Prefetch, Rollouts
 from credo.train.stats import Timer
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from credo.algo import compute_advantages
-from credo.algo.attnrl import (
+from credo.methods.attnrl.algo import (
     Tree,
     TreePath,
     branch_budget,
@@ -95,7 +95,7 @@ def test_fci_scores_hand_computed():
 def test_fci_pass_matches_the_model_attentions(tiny_model):
     """The hooked eager pass equals fci_scores on the attentions transformers returns, padded rows included, and the
     model's attention kernel is restored afterwards."""
-    from credo.train.fci import fci_forward
+    from credo.methods.attnrl.fci import fci_forward
 
     model, tok = tiny_model
     prompts = [[1, 20, 21, 22], [1, 23]]
@@ -230,7 +230,7 @@ def _traj(response: list[int], prompt=(1, 5)) -> Trajectory:
 
 
 def test_build_trees_paths_share_prefixes_and_tile_the_response():
-    from credo.train.tree import Branch, Problem, build_trees
+    from credo.methods.attnrl.collector import Branch, Problem, build_trees
 
     a, b = _traj([10, 11, 12, 13, 14, 2]), _traj([20, 21, 2])
     problem = Problem([a, b], [RewardResult(1.0, correct=True), RewardResult(0.0)])
@@ -271,7 +271,7 @@ def dataclasses_replace(traj: Trajectory, ids: list[int]) -> Trajectory:
 def test_plan_branches_easy_filter_and_counts():
     from types import SimpleNamespace
 
-    from credo.train.tree import Problem, plan_branches
+    from credo.methods.attnrl.collector import Problem, plan_branches
 
     def problem(correct, fci):
         trajs = [_traj([10, 11, 12, 13]) for _ in correct]
@@ -335,7 +335,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, one_
     """The dynamic batch size, the running FCI mean (and in one-step-off mode the tree batch in flight) are saved
     with the checkpoint: interrupted at step 3 (checkpoint at step 2) and resumed, the run logs what an
     uninterrupted one does."""
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
     from tests.conftest import full_and_resumed_runs
 
     args = ["--config", "attnrl", *TINY_RUN, "rollout.group_size=4", "train.steps=4", "checkpoint.every=2",

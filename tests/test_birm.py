@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from credo.algo.birm import birm_loss, birm_score, mc_labels, step_ends
+from credo.methods.birm.algo import birm_loss, birm_score, mc_labels, step_ends
 from credo.rollout.hf import Continuation
-from credo.train.birm import label_steps, score_responses
-from credo.train.birm_search import beam_search, best_of_n
+from credo.methods.birm.train import label_steps, score_responses
+from credo.methods.birm.search import beam_search, best_of_n
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 
@@ -65,7 +65,7 @@ def test_birm_score_aggregations():
 def test_model_heads_start_as_the_spec_says(tmp_path):
     from credo.config import ModelConfig
     from credo.models import build_model
-    from credo.models.birm import BiRewardModel
+    from credo.methods.birm.model import BiRewardModel
 
     policy, tok = build_model(ModelConfig(hidden_size=32, intermediate_size=64), seed=0)
     model = BiRewardModel.from_policy(policy).eval()
@@ -88,7 +88,7 @@ def test_model_heads_start_as_the_spec_says(tmp_path):
 
 
 def test_logratio_heads_hand_computed():
-    from credo.algo.birm import logratio_heads
+    from credo.methods.birm.algo import logratio_heads
 
     lp = torch.tensor([[-1.0, -0.5, -2.0]])
     ref = torch.tensor([[-2.0, -0.5, -1.0]])
@@ -103,7 +103,7 @@ def test_logratio_heads_hand_computed():
 def test_logratio_birm_starts_neutral_and_round_trips(tmp_path):
     from credo.config import ModelConfig
     from credo.models import build_model
-    from credo.models.birm import BiRewardModel, LogRatioBiRM
+    from credo.methods.birm.model import BiRewardModel, LogRatioBiRM
     from credo.train.batch import token_batch
 
     policy, tok = build_model(ModelConfig(hidden_size=32, intermediate_size=64), seed=0)
@@ -195,7 +195,7 @@ class ScriptedBiRM(torch.nn.Module):
         x = input_ids.float() + 0 * self.w
         return x, x, None
 
-    from credo.models.birm import BiRewardModel
+    from credo.methods.birm.model import BiRewardModel
 
     step_heads = BiRewardModel.step_heads  # the response span of forward's outputs
 
@@ -248,7 +248,7 @@ def test_birm_recipe_through_the_cli(tmp_path, heads):
     import json
 
     from credo.cli.main import main
-    from credo.models.birm import BiRewardModel, LogRatioBiRM
+    from credo.methods.birm.model import BiRewardModel, LogRatioBiRM
     from tests.conftest import TINY_RUN
 
     run = tmp_path / "run"

@@ -95,7 +95,7 @@ def test_code_rl_preset_runs_end_to_end_through_the_cli(sandbox, tmp_path):
     import json
 
     from credo.cli.main import main
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
 
     run = tmp_path / "code"
     assert main(["-q", "train", "--config", "code_grpo", "--run-dir", str(run), "train.steps=2", "warm_start.steps=5",

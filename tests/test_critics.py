@@ -17,7 +17,7 @@ from credo.cli.main import main
 from credo.config import ConfigError, load_config
 from credo.models.value import HEAD_CONFIG, QuantileHead, ValueModel, VIBHead
 from credo.train.batch import collate
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 from credo.types import Example, RewardResult, Trajectory
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 
@@ -328,7 +328,7 @@ def test_rm_reward_with_a_dvpo_critic_runs_and_resumes(tmp_path: Path, monkeypat
     """`credo rm train` a tiny reward model, then train with exact_match + 0.5 * RM and a DVPO critic; interrupted
     in its second step and resumed from the step-1 checkpoint (critic and its optimizer included), the run's metrics
     equal an uninterrupted run's."""
-    from credo.rewards.reward_model import LocalRewardModel
+    from credo.rewards.rm_scoring import LocalRewardModel
 
     rm_dir = tmp_path / "rm"
     assert main(["-q", "rm", "train", "--run-dir", str(rm_dir), "model.hidden_size=32", "model.intermediate_size=64",

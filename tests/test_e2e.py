@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from credo.cli.main import main
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 from tests.conftest import TINY_RUN
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from credo.train import metrics as metrics_mod
-from credo.train.metrics import MetricsLogger, read_metrics
+from credo.tracking import metrics as metrics_mod
+from credo.tracking.metrics import MetricsLogger, read_metrics
 
 
 def _lines(path):

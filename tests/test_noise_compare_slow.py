@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from credo.cli.main import main
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 
 PRESETS = ["ppo", "grpo", "dvpo", "vrpo"]
 

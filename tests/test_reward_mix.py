@@ -21,7 +21,7 @@ from credo.config import ConfigError, load_config
 from credo.rewards import RewardRunner
 from credo.rewards.mixed import MixedRunner, NoisyRunner, noise_draw
 from credo.rewards.reward_model import reward_model, score_http
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 from credo.types import Example, RewardResult
 from tests.conftest import TINY, TINY_RUN
 from tests.env_util import free_port
@@ -203,7 +203,7 @@ def rm_dir(tmp_path_factory) -> Path:
 
 def _want(path: Path, pooling: str = "last") -> list[float]:
     from credo.models import ValueModel, load_tokenizer
-    from credo.train.reward_model import response_batch, rm_scores
+    from credo.rewards.rm_scoring import response_batch, rm_scores
 
     rm = ValueModel.load(path).eval()
     with torch.no_grad():

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from credo.algo.reward_model import (bradley_terry_loss, curriculum_order, keep_ratio_schedule, peer_select,
+from credo.methods.reward_models.algo import (bradley_terry_loss, curriculum_order, keep_ratio_schedule, peer_select,
                                      pointwise_loss)
-from credo.data.preferences import generate_pairs, load_pairs
+from credo.methods.reward_models.pairs import generate_pairs, load_pairs
 
 
 def test_bradley_terry_loss_by_hand():
@@ -113,7 +113,7 @@ def test_rm_train_cli_writes_models_metrics_and_summary(tmp_path, method):
 
 def test_rm_scores_read_the_last_token_or_the_response_mean(tiny_model):
     from credo.models import ValueModel
-    from credo.train.reward_model import response_batch, rm_scores
+    from credo.methods.reward_models.train import response_batch, rm_scores
 
     model, tok = tiny_model
     rm = ValueModel.from_policy(model)
@@ -133,7 +133,7 @@ def test_rm_scores_read_the_last_token_or_the_response_mean(tiny_model):
 def test_implicit_reward_is_beta_times_the_summed_log_ratio(tiny_model, tmp_path):
     from credo.models import ValueModel
     from credo.models.implicit import ImplicitRewardModel
-    from credo.train.reward_model import response_batch, rm_scores
+    from credo.methods.reward_models.train import response_batch, rm_scores
 
     model, tok = tiny_model
     rm = ImplicitRewardModel.from_policy(model, beta=0.5)

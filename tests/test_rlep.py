@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from credo.algo import compute_advantages
-from credo.train.replay import (
+from credo.methods.rlep.pool import (
     ReplayEntry,
     ReplayOptions,
     ReplayPool,
@@ -194,7 +194,7 @@ def _reversal_pool(path: Path, n: int) -> None:
 
 def test_rlep_preset_through_the_cli_replays_and_resumes(tmp_path: Path):
     from credo.cli.main import main
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
 
     _reversal_pool(tmp_path / "pool.jsonl", 64)  # every training prompt has 2 stored right answers
     run = tmp_path / "run"

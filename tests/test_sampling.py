@@ -5,7 +5,7 @@ import pytest
 
 from credo.data import PromptSampler
 from credo.rewards.shaping import overlong_penalty
-from credo.train.sampling import collect_rollouts
+from credo.collect.group import collect_rollouts
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 

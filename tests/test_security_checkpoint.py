@@ -15,7 +15,7 @@ import torch
 from credo.cli.main import main
 from credo.train import checkpoint as ck
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -117,7 +117,7 @@ def test_row_byte_cap_is_configurable_and_covers_parquet_and_preference_files(tm
     import pyarrow.parquet as pq
 
     from credo.config.schema import TaskConfig
-    from credo.data.preferences import load_pairs
+    from credo.methods.reward_models.pairs import load_pairs
     from credo.data.source import load_task_data
 
     rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(5)] + [{"prompt": "z" * 300, "answer": "5"}]
@@ -326,7 +326,7 @@ def test_reward_model_endpoint_nonfinite_scores_fail_only_their_own_results():
 
 
 def test_cli_train_with_a_nan_reward_completes_and_records_the_failures(tmp_path):
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
     from tests.conftest import TINY_RUN
 
     run = tmp_path / "run"

@@ -22,7 +22,7 @@ from credo.envs import EVAL_OFFSET, EnvError, HTTPEnvClient
 from credo.envs.builtin import CalcEnv
 from credo.models.tokenizer import build_char_tokenizer
 from credo.rollout.agent_loop import AgentLoop, plain_template, to_trajectory
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 from tests.conftest import TINY_RUN
 from tests.env_util import REPO, JSONHandler, free_port
@@ -171,7 +171,7 @@ def _traj(group: int, score: float, failed: bool) -> tuple[Trajectory, RewardRes
 
 def test_env_failed_episodes_leave_the_batch_and_the_group_statistics():
     from credo.algo import compute_advantages
-    from credo.train.agent import drop_env_failures
+    from credo.collect.agent import drop_env_failures
     from credo.train.batch import collate
 
     # group 0: scores 1, 0, (failed), 1 | group 1: three failed and one valid | group 2: 0, 0, 1, 1 all valid
@@ -196,7 +196,7 @@ def test_env_failed_episodes_leave_the_batch_and_the_group_statistics():
 
 
 def test_a_group_of_one_keeps_its_valid_episode():
-    from credo.train.agent import drop_env_failures
+    from credo.collect.agent import drop_env_failures
 
     trajs, results = zip(*[_traj(0, 1, False), _traj(1, 0, True)])  # rollout.group_size=1
     kept_t, _, metrics = drop_env_failures(list(trajs), list(results))
@@ -204,7 +204,7 @@ def test_a_group_of_one_keeps_its_valid_episode():
 
 
 def test_env_failure_share_above_the_limit_stops():
-    from credo.train.agent import EnvOutageError, check_env_failures
+    from credo.collect.agent import EnvOutageError, check_env_failures
 
     bad, good = RewardResult(0.0, failed=True, error="HTTP 500:\nboom"), RewardResult(1.0)
     check_env_failures([bad] * 8 + [good] * 8, max_share=0.5, step=0)  # 8/16 = 0.5 is not above 0.5
@@ -523,7 +523,7 @@ def test_serve_reads_the_token_from_the_environment_and_warns_when_exposed(monke
 
 def test_training_client_takes_the_token_from_the_environment_only(monkeypatch):
     from credo.config import load_config
-    from credo.train.agent import make_client
+    from credo.collect.agent import make_client
 
     cfg = load_config(None, ["agent.envs=[calc]", "agent.server_urls={calc: 'http://127.0.0.1:9'}"])
     monkeypatch.setenv("CREDO_ENV_TOKEN", "t0k")

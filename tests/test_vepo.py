@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from credo.algo.grounding import (chunked_grounding_stats, entropy_gap_from_logits, grounding_sensitivity,
+from credo.methods.vepo.algo import (chunked_grounding_stats, entropy_gap_from_logits, grounding_sensitivity,
                                   jsd_from_logits, score_weights, top_fraction_mask, vepo_scores)
 from credo.algo.logprobs import entropy_from_logits
 from credo.config import ConfigError, load_config
 from credo.data import build_splits, get_task
 from credo.types import Example, Trajectory
-from credo.train.grounding import (example_spans, get_perturbation, perturbation_rng, prompt_offset,
+from credo.methods.vepo.grounding import (example_spans, get_perturbation, perturbation_rng, prompt_offset,
                                    span_positions)
-from credo.train.vepo import (GroundingStats, apply_selection, grounding_stats, perturbed_batch, perturbed_prompts,
+from credo.methods.vepo.select import (GroundingStats, apply_selection, grounding_stats, perturbed_batch, perturbed_prompts,
                               select)
 from tests.conftest import TINY_RUN
 
@@ -186,7 +186,7 @@ def test_perturbations_keep_text_outside_the_spans(name):
 
 
 def test_perturbation_registry_and_rng():
-    assert get_perturbation("credo.train.grounding:mask") is get_perturbation("mask")
+    assert get_perturbation("credo.methods.vepo.grounding:mask") is get_perturbation("mask")
     with pytest.raises(KeyError, match="unknown perturbation"):
         get_perturbation("blur")
     with pytest.raises(KeyError, match="cannot import"):
@@ -333,7 +333,7 @@ def test_config_validation_and_no_fused_old_logprobs():
 
 def test_preset_runs_through_the_cli(tmp_path: Path):
     from credo.cli.main import main
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
 
     run = tmp_path / "vepo"
     code = main(["-q", "train", "--config", "vepo", "--run-dir", str(run), *TINY_RUN, "train.steps=2",
@@ -353,7 +353,7 @@ def test_preset_runs_through_the_cli(tmp_path: Path):
 
 def test_interrupted_vepo_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
     """Perturbations are keyed by (seed, step, row), not by a global RNG: a resumed run selects the same tokens."""
-    from credo.train.metrics import read_metrics
+    from credo.tracking.metrics import read_metrics
     from tests.conftest import full_and_resumed_runs
 
     args = ["--config", "vepo", *TINY_RUN, "train.steps=3", "checkpoint.every=1", "eval.every=0", "log.report=false",

@@ -128,7 +128,7 @@ def compute_advantages(
     entropy_direction: torch.Tensor | None = None,  # (B, T) S_k - C of the behaviour policy (papo)
     entropy_history: list[float] | None = None,  # batch-mean entropies so far (papo)
     value_quantiles: torch.Tensor | None = None,  # (B, T, M) quantile critic's head-mean quantiles (dvpo)
-    tree_paths: list | None = None,  # (B,) credo.algo.attnrl.TreePath of every row (attnrl)
+    tree_paths: list | None = None,  # (B,) credo.methods.attnrl.algo.TreePath of every row (attnrl)
     **hparams: Any,
 ) -> AdvantageOutput:
     """Advantages (and returns where defined) of the registered estimator ``name``.

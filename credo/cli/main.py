@@ -242,7 +242,7 @@ def cmd_rm_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_rm_train(args: argparse.Namespace) -> int:
-    from credo.recipes.reward_model import rm_train
+    from credo.methods.reward_models.recipe import rm_train
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, rl=False)
@@ -284,7 +284,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_rlep_collect(args: argparse.Namespace) -> int:
-    from credo.recipes.rlep import rlep_collect
+    from credo.methods.rlep.recipe import rlep_collect
 
     stats = rlep_collect(Path(args.target), Path(args.out), args.config, args.overrides)
     print(f"pool: {args.out} ({stats['stored_answers']} answers of {stats['stored_prompts']}/{stats['prompts']} "

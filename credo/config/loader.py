@@ -376,7 +376,7 @@ def validate_replay(cfg: RunConfig) -> None:
 
 def validate_vepo(cfg: RunConfig) -> None:
     """VEPO: a known perturbation with accepted arguments, single-turn prompts, one token selection at a time."""
-    from credo.train.grounding import check_perturbation_args, get_perturbation
+    from credo.methods.vepo.grounding import check_perturbation_args, get_perturbation
 
     v = cfg.vepo
     if not v.enabled:

@@ -377,7 +377,7 @@ class VepoConfig:
     normalize: str = opt("none", "divide each Vis term by its mean over the batch's / sequence's tokens before "
                          "weighting (none = raw nats)", choices=("none", "batch", "sequence"))
     perturb: str = opt("shuffle", "perturbation of the grounding spans: shuffle (permute the span characters), "
-                       "random, mask, or module:function (credo.train.grounding)")
+                       "random, mask, or module:function (credo.methods.vepo.grounding)")
     perturb_args: dict = opt(None, "perturbation keyword arguments, e.g. {fill: '#'} for mask", factory=dict)
     scope: str = opt("batch", "rank tokens over the whole batch or within each sequence", choices=("batch", "sequence"))
     apply: str = opt("mask", "mask = the selection multiplied into the loss mask; advantage_mask = advantages of "

@@ -18,7 +18,7 @@ Built-ins:
 
 Each built-in marks its grounding span(s) in ``Example.meta["grounding"]``: half-open character spans of the
 prompt holding what the answer is computed from (the string to reverse, the operands, the numbers and the
-target), which VEPO perturbs (``credo.train.grounding``).
+target), which VEPO perturbs (``credo.methods.vepo.grounding``).
 """
 from __future__ import annotations
 

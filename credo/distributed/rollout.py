@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from credo.distributed.data_parallel import DataParallel
-from credo.train.sampling import Rollouts
+from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
 
 T = TypeVar("T")

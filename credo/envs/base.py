@@ -16,6 +16,7 @@ Task ids split into train (``0 <= id < EVAL_OFFSET``) and held-out evaluation (`
 from __future__ import annotations
 
 import difflib
+import importlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -77,9 +78,14 @@ def register_env(spec: EnvSpec) -> EnvSpec:
     return spec
 
 
+# Modules whose import registers built-in environments, resolved by name (``verify``, AgentV-RL's agentic
+# verifier, lives in its method package above this registry).
+BUILTIN_MODULES = ("credo.envs.builtin", "credo.methods.agentic_verifier.env")
+
+
 def list_envs() -> list[str]:
-    from credo.envs import builtin  # noqa: F401  (registers the built-ins)
-    from credo.envs import verifier  # noqa: F401  (registers verify, AgentV-RL's agentic verifier)
+    for name in BUILTIN_MODULES:
+        importlib.import_module(name)
 
     return sorted(ENVS)
 

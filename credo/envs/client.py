@@ -4,7 +4,7 @@ A client owns action parsing (the environment receives ``kind:argument`` actions
 field names of AgentGym-style servers. Any failure of the environment itself (server error, timeout,
 refused or reset connection, truncated body, garbage status line, malformed, oversized or too deeply nested
 answer, non-finite reward) raises :class:`EnvError`; the agent loop ends that trajectory as a recorded env
-failure, which the trainer leaves out of the update (``credo.train.agent.drop_env_failures``), and the run
+failure, which the trainer leaves out of the update (``credo.collect.agent.drop_env_failures``), and the run
 goes on.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ y_<t) - log pi_ref(y_t | x, y_<t)]``, with ``pi`` trained and ``pi_ref`` the fro
 
 It plugs into the reward-model code as a :class:`credo.models.ValueModel` does: ``forward`` returns per-position
 values (B, L) — column ``c`` holds ``beta * (log pi - log pi_ref)`` of the token *at* ``c`` (column 0 holds 0) — and
-``pooling = "sum"`` makes :func:`credo.train.reward_model.rm_scores` sum them over the response. Trained with the
+``pooling = "sum"`` makes :func:`credo.rewards.rm_scoring.rm_scores` sum them over the response. Trained with the
 Bradley-Terry loss this is DPO; the CRM spec (§17) notes CRM extends to such implicit rewards. Saved as the trained
 LM's directory, the reference under ``reference/``, and ``value_head.json`` (``{"kind": "implicit"}``), so
 :meth:`credo.models.ValueModel.load` (and the ``reward_model`` reward) load it.

@@ -19,9 +19,9 @@ from credo.models import num_parameters, save_model
 from credo.rewards import RewardRunner
 from credo.rewards.mixed import MixedRunner, NoisyRunner
 from credo.rollout import HFRolloutEngine
-from credo.train.evaluate import evaluate
-from credo.train.metrics import MetricsLogger
-from credo.train.progress import StepProgress
+from credo.collect.evaluate import evaluate
+from credo.tracking.metrics import MetricsLogger
+from credo.tracking.progress import StepProgress
 from credo.train.sft import run_sft
 from credo.types import SamplingParams
 
@@ -152,7 +152,7 @@ def injected_faults(cfg: RunConfig, kind: str) -> dict[int, int]:
 def load_data(cfg: RunConfig, seed: int) -> TaskData:
     """Environment tasks when ``agent.envs`` is set, else the single-turn task of ``task``."""
     if cfg.agent.envs or cfg.agent.stages:
-        from credo.train.agent import agent_task_data
+        from credo.collect.agent import agent_task_data
 
         return agent_task_data(cfg, seed)
     from credo.data.source import load_task_data
@@ -184,7 +184,7 @@ def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, s
     if not examples:
         return {}
     if data.default_reward is None:  # agent RL: episodes against the environments
-        from credo.train.agent import evaluate_agent
+        from credo.collect.agent import evaluate_agent
 
         return evaluate_agent(cfg, engine, engine.tokenizer, examples, seed=cfg.seed * 7919 + step,
                               samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")

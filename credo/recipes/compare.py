@@ -17,7 +17,7 @@ from pathlib import Path
 
 from credo.config import load_config
 from credo.recipes.rlvr import train
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 

@@ -47,21 +47,21 @@ from credo.recipes.common import (
     warm_start_enabled,
     write_summary,
 )
-from credo.recipes.rlep import collect_at_start, open_replay, replay_step
-from credo.recipes.token_select import select_tokens, vepo_select
-from credo.train.agent import collect_agent_rollouts, reward_tensor, stage_of
+from credo.methods.rlep.recipe import collect_at_start, open_replay, replay_step
+from credo.train.token_select import select_tokens, vepo_select
+from credo.collect.agent import collect_agent_rollouts, reward_tensor, stage_of
 from credo.train.batch import collate
 from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_state, save_checkpoint, set_rng_state
-from credo.train.dump import rollout_records
+from credo.tracking.dump import rollout_records
 from credo.data.source import drop_overlong, format_prompts, model_context
 from credo.train.forward import ForwardOptions, batched_logprobs, batched_values
-from credo.train.metrics import MetricsLogger
+from credo.tracking.metrics import MetricsLogger
 from credo.train.optim import build_optimizer, build_scheduler
-from credo.train.progress import StepProgress
-from credo.train.replay import replay_rows
-from credo.train.sampling import Prefetch, Rollouts, collect_rollouts
+from credo.tracking.progress import StepProgress
+from credo.methods.rlep.pool import replay_rows
+from credo.collect.group import Prefetch, Rollouts, collect_rollouts
 from credo.train.stats import Timer
-from credo.train.tree import collect_tree_rollouts, fci_model
+from credo.methods.attnrl.collector import collect_tree_rollouts, fci_model
 from credo.train.update import update_critic, update_policy
 from credo.distributed import LOCAL, DataParallel
 from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
@@ -111,7 +111,7 @@ class Parts:
     pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
     served_version: int = -1  # the policy version the rollout engine serves (sync_engine)
     replica: Any = None  # FSDP2: an unsharded copy of the policy, loaded with the whole weights to save them
-    replay: Any = None  # RLEP: the ReplayPool mixed into every group (credo.train.replay)
+    replay: Any = None  # RLEP: the ReplayPool mixed into every group (credo.methods.rlep.pool)
     tree_state: dict[str, Any] = field(default_factory=dict)  # AttnRL: the run state's ``attnrl`` (rl_loop links it)
 
 
@@ -336,7 +336,7 @@ def collect(cfg: RunConfig, parts: Parts, step: int, timer: Timer) -> Rollouts:
         sampler = parts.stage_samplers[stage_of(cfg, step)] if parts.stage_samplers else parts.sampler
         rollouts = collect_agent_rollouts(cfg, parts.engine, parts.tokenizer, sampler, step=step,
                                           sampling=sampling_params(cfg), timer=timer)
-    elif cfg.attnrl.enabled:  # AttnRL tree rollouts; the FCI pass runs on the policy that sampled (credo.train.tree)
+    elif cfg.attnrl.enabled:  # AttnRL tree rollouts; the FCI pass runs on the policy that sampled (credo.methods.attnrl.collector)
         model = fci_model(parts.engine, parts.model, one_step_off=cfg.rollout.one_step_off)
         rollouts = collect_tree_rollouts(cfg, parts.engine, training_runner(cfg, parts.runner, step), parts.sampler,
                                          model, parts.tokenizer, state=parts.tree_state, step=step, timer=timer)

@@ -20,7 +20,7 @@ from credo.recipes.common import (
     write_summary,
 )
 from credo.rollout import HFRolloutEngine
-from credo.train.metrics import MetricsLogger
+from credo.tracking.metrics import MetricsLogger
 
 
 def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
@@ -57,7 +57,7 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
                                  lean=cfg.rollout.lean_decode)
         examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
-        from credo.train.evaluate import evaluate
+        from credo.collect.evaluate import evaluate
 
         metrics = evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)

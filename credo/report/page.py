@@ -2,7 +2,7 @@
 
 Inputs (in the run directory)::
 
-    metrics.jsonl      required, written by credo.train.metrics.MetricsLogger
+    metrics.jsonl      required, written by credo.tracking.metrics.MetricsLogger
     warm_start.jsonl   optional, SFT warm-start rows (step, sft/loss, sft/lr)
     summary.json       optional, a flat dict shown as a table
     config.yaml        optional, shown verbatim
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from credo.report.plots import TIMING_TOTAL, PlotFile, keys_with_prefix, make_plots, series
-from credo.train.metrics import read_metrics
+from credo.tracking.metrics import read_metrics
 
 __all__ = ["write_report", "summarize", "merge_by_step"]
 

@@ -67,12 +67,16 @@ def register_reward(name: str, *, batch: bool = False, inline_safe: bool = False
     return decorator
 
 
+# Modules whose import registers built-in verifiers. Named, not imported here: the registry sits below them (the
+# agentic verifier, a method package, builds an engine and runs an agent loop), so it resolves them by name.
+BUILTIN_MODULES = ("credo.rewards.verifiers", "credo.rewards.code", "credo.rewards.reward_model",
+                   "credo.methods.agentic_verifier.reward")
+
+
 def _ensure_builtins() -> None:
     """Import the built-in verifiers so that their names are registered."""
-    import credo.rewards.code  # noqa: F401  (registers on import)
-    import credo.rewards.agentic_verifier  # noqa: F401  (registers agentic_verifier)
-    import credo.rewards.reward_model  # noqa: F401
-    import credo.rewards.verifiers  # noqa: F401
+    for name in BUILTIN_MODULES:
+        importlib.import_module(name)
 
 
 def list_rewards() -> list[str]:

@@ -5,7 +5,7 @@
     reward.mix=[{name: reward_model, weight: 0.5, kwargs: {path: ...}}]           # mixed with the task verifier
 
 The model is a saved :class:`credo.models.ValueModel` (``credo rm train`` writes ``RUN_DIR/reward_model`` with its
-tokenizer); a response's reward is its score under the model's pooling (``credo.train.reward_model.rm_scores``)
+tokenizer); a response's reward is its score under the model's pooling (``credo.rewards.rm_scoring.rm_scores``)
 on the example's prompt, raw or squashed (``transform=sigmoid``). ``correct`` is ``score > threshold`` on the raw
 score (0 = the model prefers the response to a neutral one); accuracy metrics of a mixed reward come from the task
 verifier instead (:mod:`credo.rewards.mixed`).
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,53 +34,8 @@ from typing import Any, Sequence
 from credo.http_auth import auth_headers, resolve_token
 from credo.rewards.registry import register_reward
 from credo.rewards.runner import NONFINITE
+from credo.rewards.rm_scoring import LocalRewardModel, local_model  # noqa: F401  (re-exported)
 from credo.types import Example, RewardResult
-
-_LOCK = threading.Lock()
-_MODELS: dict[tuple[str, str], Any] = {}
-
-
-class LocalRewardModel:
-    """A loaded reward model that scores (prompt, response) batches."""
-
-    def __init__(self, path: str | Path, *, device: str = "cpu", pooling: str = "last", batch_size: int = 64):
-        import torch
-
-        from credo.models import ValueModel, load_tokenizer
-
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: not a saved reward model (no config.json); `credo rm train` writes "
-                                    "RUN_DIR/reward_model")
-        self.path, self.pooling, self.batch_size = str(path), pooling, batch_size
-        with torch.random.fork_rng(devices=[]):  # building the head draws random weights: keep the trainer's RNG
-            self.model = ValueModel.load(path, device).eval()
-        self.tokenizer = load_tokenizer(path)
-
-    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
-        import torch
-
-        from credo.train.reward_model import response_batch, rm_scores
-
-        out: list[float] = []
-        with torch.no_grad():
-            for i in range(0, len(prompts), self.batch_size):
-                batch = response_batch(self.tokenizer, list(prompts[i : i + self.batch_size]),
-                                       list(responses[i : i + self.batch_size]))
-                out += rm_scores(self.model, batch, self.pooling).cpu().tolist()
-        return out
-
-
-def local_model(path: str, device: str = "cpu", pooling: str = "last", batch_size: int = 64) -> LocalRewardModel:
-    """One loaded model per (path, device) per process."""
-    key = (str(Path(path).resolve()), device)
-    with _LOCK:
-        if key not in _MODELS:
-            _MODELS[key] = LocalRewardModel(path, device=device, pooling=pooling, batch_size=batch_size)
-        model = _MODELS[key]
-    model.pooling, model.batch_size = pooling, batch_size
-    return model
-
 
 def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, timeout_s: float = 30.0,
                retries: int = 2, token: str | None = None) -> list[float]:

@@ -120,7 +120,7 @@ class BoundedScorer:
         import torch
 
         from credo.train.batch import token_batch
-        from credo.train.reward_model import rm_scores
+        from credo.rewards.rm_scoring import rm_scores
 
         p_ids, r_ids, cut = self.encode(prompts, responses)
         pad, step, scores = self.model.tokenizer.pad_token_id, self.limits.batch_size, []
@@ -185,7 +185,7 @@ def create_app(path: str | Path, *, device: str = "cpu", pooling: str = "last", 
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
-    from credo.rewards.reward_model import LocalRewardModel
+    from credo.rewards.rm_scoring import LocalRewardModel
 
     limits = limits or ServeLimits()
     model = LocalRewardModel(path, device=device, pooling=pooling, batch_size=limits.batch_size)

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.algo.attnrl import Tree, TreePath
-from credo.train.sampling import Rollouts
+from credo.methods.attnrl.algo import Tree, TreePath
+from credo.collect.group import Rollouts
 from credo.types import Example, RewardResult, Trajectory
 
 JSON_FILE = "trainer_state.json"

@@ -1,7 +1,7 @@
 """Tree segment advantages (AttnRL / TreeRL, ``seed-algorithms.md`` §9).
 
-Each training row is a root-to-leaf path of a rollout tree (:class:`credo.algo.attnrl.TreePath`, built by
-``credo.train.tree``); every token of a node's segment gets
+Each training row is a root-to-leaf path of a rollout tree (:class:`credo.methods.attnrl.algo.TreePath`, built by
+``credo.methods.attnrl.collector``); every token of a node's segment gets
 
     A_seg = ((V_node - V_root) + (V_node - V_parent)) / sqrt(#leaves under node),
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from credo.algo.attnrl import TreePath, path_token_advantages, tree_advantages
+from credo.methods.attnrl.algo import TreePath, path_token_advantages, tree_advantages
 from credo.algo.registry import register_advantage
 from credo.types import AdvantageOutput
 

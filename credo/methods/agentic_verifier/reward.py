@@ -2,7 +2,7 @@
 
 A verifier policy reads a (problem, candidate solution) pair, plans (``<subtasks>``), checks sub-claims with
 sandboxed Python (``<python>``, at most 3 calls) and ends with ``<answer>true|false</answer>``; the episode is
-the ``verify`` environment (:mod:`credo.envs.verifier`). This module holds:
+the ``verify`` environment (:mod:`credo.methods.agentic_verifier.env`). This module holds:
 
 - the RL reward of a verification transcript (:func:`verifier_reward`, :func:`multistage_reward`): +1 if the
   verdict matches the ground-truth correctness label, -1 if wrong or missing (or, ``require_plan=True``, the
@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from credo.methods.agentic_verifier.verdict import outcome_reward, parse_label, parse_verdict
 from credo.rewards.registry import register_reward
 from credo.types import Example, RewardResult
 
@@ -54,40 +55,8 @@ DEFAULT_W_FWD = 0.7  # best-of-N weight of the forward agent (the backward agent
 PLAN_FORMAT_SCORE = 0.2  # multistage plan stage: the format part of 2 (format + plan_score - 0.5)
 GLOBAL_BONUS = 0.2  # multistage subtask stage: weight of the global verdict's correctness
 
-_TRUE = ("true", "True")
-_FALSE = ("false", "False")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _SUBTASKS = re.compile(r"<subtasks>(.*?)</subtasks>", re.DOTALL)
-
-
-# ----------------------------------------------------------------------------------------------- parsing
-
-def parse_verdict(text: str | None) -> bool | None:
-    """The verdict inside an ``<answer>`` tag: ``true``/``True`` -> True, ``false``/``False`` -> False, else None
-    (the reference's ``parse_bool_choice``: exact words after stripping whitespace)."""
-    if text is None:
-        return None
-    s = str(text).strip()
-    return True if s in _TRUE else False if s in _FALSE else None
-
-
-def parse_label(label: Any) -> bool | None:
-    """A ground-truth correctness label: a bool, or ``true``/``false`` text; anything else is unknown (None)."""
-    if isinstance(label, bool):
-        return label
-    return parse_verdict(label) if isinstance(label, str) else None
-
-
-def outcome_reward(answer: str | None, label: Any) -> float:
-    """+1 / -1 / 0 of an ``<answer>`` body (None: no answer) against a label, in the reference's order: a missing
-    answer is -1 before the label is looked at, an unknown label is 0, an unparseable verdict is wrong (-1)."""
-    if answer is None:
-        return -1.0
-    truth = parse_label(label)
-    if truth is None:
-        return 0.0
-    verdict = parse_verdict(answer)
-    return 1.0 if verdict is not None and verdict == truth else -1.0
 
 
 def _final_answer(text: str, *, require_plan: bool) -> tuple[bool, str | None]:
@@ -272,7 +241,7 @@ class AgenticVerifier:
 
     def run_episodes(self, cases: Sequence[tuple[str, str, str]]) -> list[VerifierEpisode]:
         """One episode per (problem, candidate, mode) on the agent loop; P(true) read at each verdict."""
-        from credo.envs.verifier import CaseClient, VerifyCase
+        from credo.methods.agentic_verifier.env import CaseClient, VerifyCase
 
         clients = [CaseClient(VerifyCase(problem=p, candidate=c, mode=m), **self.env_params) for p, c, m in cases]
         examples = [Example(prompt=f"verify:{i}", answer="", uid=f"verify/score/{i}",

@@ -16,7 +16,7 @@ Actions (one per turn; the first complete tag of a turn is taken):
   a working sandbox (no bubblewrap, not root) the observation says so (``error: sandbox unavailable: ...``);
 - ``<answer>true|false</answer>``: the verdict; ends the episode.
 
-Reward (:func:`credo.rewards.agentic_verifier.outcome_reward`): at the verdict +1 if it matches the candidate's
+Reward (:func:`credo.methods.agentic_verifier.reward.outcome_reward`): at the verdict +1 if it matches the candidate's
 ground-truth correctness label, -1 if wrong or unparseable, 0 if the label is unknown; with
 ``require_plan=True`` (the bool-reward variant) -1 when no ``<subtasks>`` turn came before the verdict. Every
 other step returns -1, the reward of an episode without a verdict, so an episode cut at the turn cap scores -1
@@ -42,7 +42,7 @@ from typing import Any
 
 from credo.envs.base import EVAL_OFFSET, ActionParser, EnvSpec, StepResult, register_env
 from credo.envs.client import EnvError, LocalEnvClient
-from credo.rewards.agentic_verifier import outcome_reward, parse_verdict
+from credo.methods.agentic_verifier.verdict import outcome_reward, parse_verdict
 
 MODES = ("forward", "backward")
 NO_VERDICT = -1.0  # reward of a step that is not the verdict: what an episode cut now would score

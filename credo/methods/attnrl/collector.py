@@ -4,16 +4,16 @@ One step (:func:`collect_tree_rollouts`):
 
 1. draw B prompts (B = ``train.prompts_per_step`` at the first step, then the dynamic batch size) and sample
    n = ``rollout.group_size`` responses each; score them;
-2. the FCI pass (:mod:`credo.train.fci`) scores every response step;
+2. the FCI pass (:mod:`credo.methods.attnrl.fci`) scores every response step;
 3. per problem, in the order (difficulty, mean FCI): the all-correct ones are dropped unless their mean FCI exceeds
    the running mean over all-correct problems; ceil(n e^{-a}) responses are selected (minority outcome first) and
-   each gets ``num_splits`` branch points (:func:`credo.algo.attnrl.branch_points`);
+   each gets ``num_splits`` branch points (:func:`credo.methods.attnrl.algo.branch_points`);
 4. ``branch_samples`` continuations per branch point from prompt + response[:idx] (``engine.continue_ids``), each
    capped so that prefix + continuation stays within ``rollout.max_new_tokens``; scored;
 5. a tree per problem: the prompt is the root, each response is a chain of segments cut at its branch points, each
    continuation a leaf under the segment that ends at its branch point. Every root-to-leaf path through a branched
    response is one training row (shared prefixes duplicated; the row's ``info["tree_path"]`` is its
-   :class:`~credo.algo.attnrl.TreePath`); responses without a branch are leaves that count in the root's value but
+   :class:`~credo.methods.attnrl.algo.TreePath`); responses without a branch are leaves that count in the root's value but
    are not trained (``attnrl.train_unbranched`` trains them too);
 6. problems whose trained paths all have one reward are dropped (``attnrl.filter_zero_std``);
 7. the dynamic batch size for the next step from the number of trained rows.
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from credo.algo.attnrl import (
+from credo.methods.attnrl.algo import (
     Span,
     Tree,
     TreePath,
@@ -42,8 +42,8 @@ from credo.algo.attnrl import (
     select_responses,
 )
 from credo.rewards.shaping import overlong_penalty
-from credo.train.fci import fci_forward
-from credo.train.sampling import Rollouts, StreamingScorer
+from credo.methods.attnrl.fci import fci_forward
+from credo.collect.group import Rollouts, StreamingScorer
 from credo.train.stats import rollout_metrics
 from credo.types import RewardResult, SamplingParams, Trajectory
 

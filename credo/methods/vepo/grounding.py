@@ -17,7 +17,7 @@ replaced by a filler). Any ``module:function`` with the same signature is accept
 
 Other modalities plug into the same hook: for a vision-language model the grounding input is the image, the
 "spans" are its regions (or the whole image), and the perturbation returns noised pixels
-(``perturb(pixels, regions, rng, std=...) -> pixels``). VEPO's forward (:mod:`credo.train.vepo`) only needs a
+(``perturb(pixels, regions, rng, std=...) -> pixels``). VEPO's forward (:mod:`credo.methods.vepo.select`) only needs a
 second batch whose grounding input is perturbed and whose response tokens are unchanged; credo has no
 vision-language model, so only the text path is built.
 """

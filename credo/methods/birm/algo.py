@@ -2,7 +2,7 @@
 
 A response is cut into steps; at each step's last token the model has two heads: the **reward** head ("is the
 path so far correct", backward-looking, the paper's g) and the **value** head ("probability of eventually being
-correct", forward-looking, h). credo generates the labels itself (:mod:`credo.train.birm`) by Monte-Carlo rollouts
+correct", forward-looking, h). credo generates the labels itself (:mod:`credo.methods.birm.train`) by Monte-Carlo rollouts
 from every step prefix, as Math-Shepherd: the value label is the **soft** MC label (the share of ``n`` continuations
 that the verifier accepts); the reward label is, by default, the **hard** MC label (1 if any continuation is
 accepted: the prefix has not yet gone wrong). [derived] The paper annotates step correctness with DeepSeek-V3; with
@@ -12,7 +12,7 @@ Loss (the released code): ``L = L_LM + (1/B) sum_labelled (v_t - y^val_t)^2 + (1
 squared errors summed over the labelled positions and divided by the number of sequences ``B``; ``L_LM`` only with
 ``loss_on_llm``.
 
-Heads. The spec's heads are linear on the last hidden state (:class:`credo.models.birm.BiRewardModel`). [credo
+Heads. The spec's heads are linear on the last hidden state (:class:`credo.methods.birm.model.BiRewardModel`). [credo
 extension] :func:`logratio_heads` reads both heads from the LM's token log-ratios against the frozen generator
 instead, the implicit-PRM reading (Q_t = beta * sum_{s<=t} log pi(y_s)/pi_ref(y_s) is the prefix's value):
 ``V_t = sigmoid(Q_t + b_V)``, ``R_t = sigmoid(Q_t + b_R)`` — trained with the same loss on the same labels.

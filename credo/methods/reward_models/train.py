@@ -1,7 +1,7 @@
 """Reward-model training: an outcome reward model (ORM) with the Bradley-Terry loss, and CRM's two peer-reviewing
 models. The model is :class:`credo.models.ValueModel` (a causal-LM backbone with a scalar head); a response's
 reward is the head's output at its last token (EOS) or the mean over its tokens (:func:`rm_scores`). Losses:
-:mod:`credo.algo.reward_model`.
+:mod:`credo.methods.reward_models.algo`.
 """
 from __future__ import annotations
 
@@ -10,38 +10,13 @@ from typing import Callable
 
 import torch
 
-from credo.algo.reward_model import (bradley_terry_loss, curriculum_order, keep_ratio_schedule, peer_select)
-from credo.data.preferences import PreferencePair
+from credo.methods.reward_models.algo import (bradley_terry_loss, curriculum_order, keep_ratio_schedule, peer_select)
+from credo.methods.reward_models.pairs import PreferencePair
 from credo.models import ValueModel
-from credo.models.tokenizer import encode_prompt, encode_response
-from credo.train.batch import token_batch
+from credo.rewards.rm_scoring import response_batch, rm_scores
 from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
-from credo.types import TrainBatch
 
 OnStep = Callable[[int, dict[str, float]], None]
-
-
-def response_batch(tokenizer, prompts: list[str], responses: list[str]) -> TrainBatch:
-    """Prompt + response (+ EOS) rows in credo's batch layout."""
-    return token_batch([encode_prompt(tokenizer, p) for p in prompts],
-                       [encode_response(tokenizer, r) for r in responses], pad_id=tokenizer.pad_token_id)
-
-
-def rm_scores(rm: ValueModel, batch: TrainBatch, pooling: str = "last") -> torch.Tensor:
-    """(B,) a response's reward: the head's output at its last token (``last``, the usual ORM), the mean of
-    the head's outputs over its tokens (``mean``: every response token is judged where it is read), or their sum
-    (``sum``; an implicit reward model, :mod:`credo.models.implicit`, always sums)."""
-    pooling = getattr(rm, "pooling", None) or pooling
-    device = next(rm.parameters()).device
-    attn = batch.attention_mask.to(device)
-    values = rm(batch.input_ids.to(device), attn, batch.position_ids.to(device))  # (B, L)
-    if pooling in ("mean", "sum"):
-        p, t = batch.prompt_len, batch.responses.shape[1]
-        mask = batch.response_mask.to(device)  # (B, T): response token t sits at column P + t
-        total = (values[:, p : p + t] * mask).sum(-1)
-        return total if pooling == "sum" else total / mask.sum(-1).clamp(min=1.0)
-    last = attn.shape[1] - 1 - attn.flip(-1).argmax(-1)  # (B,) index of the last 1
-    return values.gather(1, last.unsqueeze(1)).squeeze(1)
 
 
 def pair_scores(rm: ValueModel, tokenizer, pairs: list[PreferencePair],
@@ -99,7 +74,7 @@ def train_crm(rms: tuple[ValueModel, ValueModel], tokenizer, pairs: list[Prefere
               margin: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, seed: int = 0,
               pooling: str = "last", on_step: OnStep | None = None) -> None:
     """CRM: each model draws its own mini-batch; its peer scores that batch (no gradient) and the model trains on
-    the pairs the peer's margins rank highest (module docstring of :mod:`credo.algo.reward_model`). With
+    the pairs the peer's margins rank highest (module docstring of :mod:`credo.methods.reward_models.algo`). With
     ``curriculum`` both walk the pairs easy to hard by the two models' mean margin, recomputed at the start of every
     pass over the data (the models then differ by their heads' initialisation and their selections); otherwise
     each model shuffles the pairs with its own stream."""

@@ -1,5 +1,5 @@
 """Which response tokens the policy loss credits: all of them, the top-q entropy "forking" tokens
-(``algo.top_entropy_quantile``), or VEPO's grounding-sensitive ones (``vepo.enabled``, :mod:`credo.train.vepo`)."""
+(``algo.top_entropy_quantile``), or VEPO's grounding-sensitive ones (``vepo.enabled``, :mod:`credo.methods.vepo.select`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +8,9 @@ import torch
 
 from credo.config import RunConfig
 from credo.train.forward import ForwardOptions
-from credo.train.grounding import prompt_offset
+from credo.methods.vepo.grounding import prompt_offset
 from credo.train.stats import Timer
-from credo.train.vepo import vepo_step
+from credo.methods.vepo.select import vepo_step
 from credo.types import TrainBatch
 
 
@@ -29,7 +29,7 @@ def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatc
 def vepo_select(cfg: RunConfig, model, tokenizer, batch: TrainBatch, trajs, metrics: dict, timer: Timer, *,
                 step: int) -> TrainBatch:
     """VEPO (``vepo.enabled``): gradient credit only for the grounding-sensitive tokens, from a second no-grad
-    forward with each prompt's grounding span perturbed (credo.train.vepo)."""
+    forward with each prompt's grounding span perturbed (credo.methods.vepo.select)."""
     if not cfg.vepo.enabled:
         return batch
     with timer("vepo"):

@@ -1,9 +1,9 @@
 """``credo rm train``: train an outcome reward model (Bradley-Terry) or CRM's pair of peer-reviewing models.
 
-    pairs        = load_pairs(rm.train_file) or generate_pairs(task, noise=rm.noise)   # credo.data.preferences
+    pairs        = load_pairs(rm.train_file) or generate_pairs(task, noise=rm.noise)   # credo.methods.reward_models.pairs
     policy       = load_or_build(model); SFT warm start on the task (generated pairs only)
     rm           = ValueModel.from_policy(policy)                                       # backbone + scalar head
-    train_bt(rm, ...) | train_crm((rm_a, rm_b), ...)                                    # credo.train.reward_model
+    train_bt(rm, ...) | train_crm((rm_a, rm_b), ...)                                    # credo.methods.reward_models.train
     held-out pairwise accuracy every rm.eval_every steps -> metrics.jsonl; RUN_DIR/reward_model (+ _b); summary
 """
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 
 from credo.config import RunConfig
-from credo.data.preferences import PreferencePair, generate_pairs, load_pairs
+from credo.methods.reward_models.pairs import PreferencePair, generate_pairs, load_pairs
 from credo.data.source import load_task_data
 from credo.models import ValueModel, load_or_build
 from credo.models.implicit import ImplicitRewardModel
 from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
-from credo.train.metrics import MetricsLogger
-from credo.train.progress import StepProgress
-from credo.train.reward_model import pairwise_accuracy, train_bt, train_crm
+from credo.tracking.metrics import MetricsLogger
+from credo.tracking.progress import StepProgress
+from credo.methods.reward_models.train import pairwise_accuracy, train_bt, train_crm
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def rm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
     r = cfg.rm
     if r.method == "birm":  # a process reward model on self-labelled steps: its own recipe
-        from credo.recipes.birm import birm_train
+        from credo.methods.birm.recipe import birm_train
 
         return birm_train(cfg, run_dir=run_dir, overwrite=overwrite)
     if run_dir is None and cfg.run_name is None:

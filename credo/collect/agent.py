@@ -20,8 +20,8 @@ from credo.http_auth import resolve_token
 from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
 from credo.rollout.branching import branched_rollouts
 from credo.train.batch import collate
-from credo.train.horizon import horizon
-from credo.train.sampling import Rollouts
+from credo.collect.horizon import horizon
+from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 

@@ -5,7 +5,7 @@
     scores  = score_responses(model, tokenizer, prompt_ids, response_ids, step_tokens=2, beta=1.0)
     best_of_n(...) / beam_search(...)
 
-The math (labels, loss, score) is :mod:`credo.algo.birm`; the model :class:`credo.models.birm.BiRewardModel`.
+The math (labels, loss, score) is :mod:`credo.methods.birm.algo`; the model :class:`credo.methods.birm.model.BiRewardModel`.
 Steps are fixed chunks of ``step_tokens`` response tokens (credo's tasks have no step delimiter); a step's head
 outputs are read at its last token.
 """
@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from credo.algo.birm import birm_loss, birm_score, mc_labels, step_ends
+from credo.methods.birm.algo import birm_loss, birm_score, mc_labels, step_ends
 from credo.train.batch import token_batch
 from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
 from credo.types import Example, SamplingParams
@@ -106,7 +106,7 @@ def lm_loss(model, batch) -> torch.Tensor:
 def train_birm(model, tokenizer, samples: list[StepSample], *, steps: int, batch_size: int, lr: float,
                loss_on_llm: bool = False, seed: int = 0, grad_clip: float = 1.0, warmup_steps: int = 0,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
-    """BiRM training on random mini-batches of labelled responses (:func:`credo.algo.birm.birm_loss`, plus the
+    """BiRM training on random mini-batches of labelled responses (:func:`credo.methods.birm.algo.birm_loss`, plus the
     next-token loss with ``loss_on_llm``)."""
     rng = random.Random(f"credo/birm/{seed}")
     opt = build_optimizer(model, lr=lr)

@@ -2,7 +2,7 @@
 
     policy  = load_or_build(model); SFT warm start on the task (a fresh model)          # the generator
     samples = label_steps(engine, runner, train prompts, birm.samples, birm.rollouts)  # MC step labels
-    birm    = BiRewardModel.from_policy(policy); train_birm(birm, samples)             # credo.train.birm
+    birm    = BiRewardModel.from_policy(policy); train_birm(birm, samples)             # credo.methods.birm.train
               (LogRatioBiRM with birm.heads=logratio)
     held-out: best_of_n (BiRM vs value / reward heads vs sampled log-prob) and beam search
     -> metrics.jsonl, RUN_DIR/birm, summary.json
@@ -18,14 +18,14 @@ from pathlib import Path
 from credo.config import RunConfig
 from credo.data.source import load_task_data
 from credo.models import load_or_build
-from credo.models.birm import BiRewardModel, LogRatioBiRM
+from credo.methods.birm.model import BiRewardModel, LogRatioBiRM
 from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.rewards import RewardRunner
 from credo.rollout import HFRolloutEngine
-from credo.train.birm import label_steps, train_birm
-from credo.train.birm_search import beam_search, best_of_n
-from credo.train.metrics import MetricsLogger
-from credo.train.progress import StepProgress
+from credo.methods.birm.train import label_steps, train_birm
+from credo.methods.birm.search import beam_search, best_of_n
+from credo.tracking.metrics import MetricsLogger
+from credo.tracking.progress import StepProgress
 from credo.types import SamplingParams
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from credo.train.birm import score_responses
+from credo.methods.birm.train import score_responses
 from credo.types import Example, SamplingParams
 
 SELECTORS = ("birm", "value", "reward", "logprob_sum", "logprob_mean")

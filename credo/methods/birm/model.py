@@ -5,7 +5,7 @@ output-embedding vector (bias 0). Raw regression outputs, no sigmoid. The LM hea
 next-token loss (``loss_on_llm``). Saved as the LM's Hugging Face directory plus ``birm_heads.safetensors``.
 
 :class:`LogRatioBiRM` (``birm.heads=logratio``, a credo extension) reads both heads from the LM's token
-log-ratios against the frozen generator (:func:`credo.algo.birm.logratio_heads`); saved with the generator under
+log-ratios against the frozen generator (:func:`credo.methods.birm.algo.logratio_heads`); saved with the generator under
 ``reference/`` and ``birm.json``. :meth:`BiRewardModel.load` loads either kind.
 """
 from __future__ import annotations
@@ -151,7 +151,7 @@ class LogRatioBiRM(torch.nn.Module):
         return lp[:, p - 1 : p - 1 + t]
 
     def step_heads(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        from credo.algo.birm import logratio_heads
+        from credo.methods.birm.algo import logratio_heads
 
         device = self.reward_bias.device
         lp = self._response_logprobs(self.lm, batch, device)  # (B, T)

@@ -1,9 +1,9 @@
 """VEPO in the recipe: the perturbed-grounding forward and the token selection (``docs/algorithms/vepo.md``).
 
-    prompts'   = perturb(prompt, grounding spans, rng(seed, step, row))      # credo.train.grounding
+    prompts'   = perturb(prompt, grounding spans, rng(seed, step, row))      # credo.methods.vepo.grounding
     perturbed  = the batch with prompts' (re-tokenised), the same responses
     p, q       = the policy's next-token distributions on batch and perturbed  (no grad, micro-batched)
-    JSD, H(p), H(q) per response token                                          # credo.algo.grounding
+    JSD, H(p), H(q) per response token                                          # credo.methods.vepo.algo
     Vis, score = Vis * H(p), selection / weights -> the batch the policy update sees
 
 The two forwards run micro-batch by micro-batch on the same rows; on the chunked path (the default) only
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from credo.algo import masked_mean
-from credo.algo.grounding import (chunked_grounding_stats, grounding_sensitivity, jsd_from_logits, score_weights,
+from credo.methods.vepo.algo import (chunked_grounding_stats, grounding_sensitivity, jsd_from_logits, score_weights,
                                   top_fraction_mask, vepo_scores)
 from credo.algo.logprobs import entropy_from_logits
 from credo.models.tokenizer import encode_prompt
 from credo.train.batch import collate
 from credo.train.forward import (ForwardOptions, _lm_head, _pad_to, _scatter, in_forward, response_hidden,
                                  response_logits, trim)
-from credo.train.grounding import example_spans, get_perturbation, perturbation_rng
+from credo.methods.vepo.grounding import example_spans, get_perturbation, perturbation_rng
 from credo.train.packing import valid_responses
 from credo.types import RewardResult, TrainBatch, Trajectory
 

@@ -1,7 +1,7 @@
 """RLEP's experience pool: ``credo rlep collect`` and the pool a training run replays from.
 
     credo rlep collect RUN_DIR[/checkpoints/step_N] --out pool.jsonl   # sample, verify, keep, store
-    credo train --config rlep replay.pool=pool.jsonl                   # replay it (credo.train.replay)
+    credo train --config rlep replay.pool=pool.jsonl                   # replay it (credo.methods.rlep.pool)
 
 ``replay.pool=warm_start`` collects the pool inside the run, from the warm-started policy, before RL starts
 (RUN_DIR/replay_pool.jsonl) — a self-contained demo; the paper collects from a later checkpoint of a baseline run.
@@ -18,8 +18,8 @@ from credo.data.source import drop_overlong, format_prompts, load_task_data, mod
 from credo.models import load_model
 from credo.recipes.common import reward_runner, seed_everything
 from credo.rollout import HFRolloutEngine
-from credo.train.progress import StepProgress
-from credo.train.replay import ReplayOptions, ReplayPool, collect_pool, mix_replay, refresh_entries, step_rng
+from credo.tracking.progress import StepProgress
+from credo.methods.rlep.pool import ReplayOptions, ReplayPool, collect_pool, mix_replay, refresh_entries, step_rng
 from credo.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def collect_at_start(cfg: RunConfig, engine, runner, data, run_dir: Path) -> Rep
 
 
 def replay_step(cfg: RunConfig, pool: ReplayPool, tokenizer, runner, rollouts, step: int) -> None:
-    """One step's replay, in place on ``rollouts`` (credo.train.sampling.Rollouts): stored answers join their
+    """One step's replay, in place on ``rollouts`` (credo.collect.group.Rollouts): stored answers join their
     prompts' groups, scored by ``runner`` (the training verifier); with ``replay.refresh`` the fresh answers the
     verifier accepted join the pool."""
     r = cfg.replay

@@ -4,7 +4,7 @@ The reference patches ``modeling_qwen2.py`` so that its attention module returns
 (H, S, S) weights. credo leaves the model alone: the policy is switched to transformers' ``eager`` attention for the
 pass (``set_attn_implementation``, or the config attribute on older versions) and a forward hook on every attention
 module reduces that layer's weights (B, H, S, S) to FCI scores (B, K) at once, so only one layer's weights are ever
-held. Scores are the max over layers and heads (:func:`credo.algo.attnrl.fci_from_step_attention`).
+held. Scores are the max over layers and heads (:func:`credo.methods.attnrl.algo.fci_from_step_attention`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from credo.algo.attnrl import Span, fci_from_step_attention
+from credo.methods.attnrl.algo import Span, fci_from_step_attention
 from credo.train.batch import token_batch
 
 

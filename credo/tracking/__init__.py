@@ -1,0 +1,1 @@
+"""Run tracking: per-step metrics (JSONL, TensorBoard), the progress display, rollout dumps."""
