@@ -24,7 +24,8 @@ from credo.config import load_config
 from credo.models.smollm2 import SMOLLM2_DIR, smollm2_architecture
 from credo.train.batch import collate
 from credo.train.optim import build_optimizer
-from credo.train.update import actor_loss
+from credo.train.forward import ForwardOptions
+from credo.train.update import LossSpec, actor_loss
 from credo.types import Example, RewardResult, Trajectory
 
 
@@ -75,13 +76,14 @@ def main() -> None:
     batch.old_logprobs = torch.zeros_like(batch.rollout_logprobs) - 5.0
     batch.advantages = torch.randn(batch.responses.shape, generator=g) * batch.response_mask
     cfg = load_config(None, [])
+    spec, fwd = LossSpec.of(cfg), ForwardOptions.of(cfg)
     opt = build_optimizer(model, lr=1e-6)  # credo's (fused) AdamW
     norm = AggNorm.of(batch.response_mask)
     tokens = int(batch.attention_mask.sum())
 
     def update() -> float:
         t0 = time.perf_counter()
-        loss, _, _ = actor_loss(cfg, model, batch, norm, None)
+        loss, _, _ = actor_loss(spec, model, batch, norm, None, forward=fwd)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -92,6 +92,9 @@ class TrainBatch:
     value_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: head-mean quantiles at collection
     return_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: distributional GAE targets
     ref_entropy: torch.Tensor | None = None  # (B, T) the frozen reference policy's entropy (VRPO's critic loss)
+    # how the rows were sampled, set once by credo.train.batch.collate: the trainer's forwards use this temperature
+    temperature: float = 1.0  # the sampling temperature (rollout_logprobs are temperature-scaled at it)
+    sampled: torch.Tensor | None = None  # (B,) bool: False for rows the engine did not sample (e.g. replayed answers)
 
     @property
     def batch_size(self) -> int:

@@ -303,14 +303,14 @@ def test_plan_branches_easy_filter_and_counts():
 def test_config_refusals():
     from credo.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="attnrl.enabled=true"):
+    with pytest.raises(ConfigError, match="rollout.collector.type=tree"):
         load_config(None, ["algo.advantage=attnrl"])
     with pytest.raises(ConfigError, match="algo.filter_groups"):
         load_config("attnrl", ["algo.filter_groups=true"])
     with pytest.raises(ConfigError, match="distributed.rollout"):
         load_config("attnrl", ["distributed.backend=torchrun"])
     cfg = load_config("attnrl", ["rollout.one_step_off=true"])  # in-process hf engine: supported
-    assert cfg.attnrl.enabled and cfg.algo.advantage == "attnrl"
+    assert cfg.rollout.collector.type == "tree" and cfg.algo.advantage == "attnrl"
 
 
 def test_preset_runs_through_the_cli(tmp_path):

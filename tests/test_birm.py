@@ -252,7 +252,8 @@ def test_birm_recipe_through_the_cli(tmp_path, heads):
     from tests.conftest import TINY_RUN
 
     run = tmp_path / "run"
-    assert main(["rm", "train", "--run-dir", str(run), *TINY_RUN, "rm.method=birm", f"birm.heads={heads}",
+    rm_args = [a for a in TINY_RUN if not a.startswith("eval.")]  # credo rm train has no eval section
+    assert main(["rm", "train", "--run-dir", str(run), *rm_args, "rm.method=birm", f"birm.heads={heads}",
                  "birm.prompts=4", "birm.samples=2", "birm.rollouts=2", "birm.steps=2", "birm.batch_size=4",
                  "birm.eval_prompts=4", "birm.best_of=2", "birm.beam_width=1", "birm.beam_expand=1",
                  "log.progress=false"]) == 0

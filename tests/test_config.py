@@ -64,22 +64,22 @@ def test_yaml_roundtrip(tmp_path: Path):
     (["model=3"], "model: expected a section"),
     (["train.steps"], "must look like key=value"),
     # agent section
-    (["agent.envs=[clac]"], "agent.envs[0]: unknown environment 'clac' (did you mean 'calc'?)"),
-    (["agent.envs=[calc]", "agent.env_params={calc: {digit: 1}}"], "agent.env_params.calc: environment 'calc' has "
+    (["rollout.collector.type=agent", "rollout.collector.envs=[clac]"], "rollout.collector.envs[0]: unknown environment 'clac' (did you mean 'calc'?)"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.env_params={calc: {digit: 1}}"], "rollout.collector.env_params.calc: environment 'calc' has "
                                                                    "no parameter(s) ['digit']"),
-    (["agent.envs=[calc, maze]", "agent.env_weights=[1]"], "agent.env_weights: expected 2 non-negative numbers"),
-    (["agent.envs=[calc]", "agent.server_urls={maze: 'http://127.0.0.1:1'}"], "agent.server_urls.maze: 'maze' is "
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc, maze]", "rollout.collector.env_weights=[1]"], "rollout.collector.env_weights: expected 2 non-negative numbers"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.server_urls={maze: 'http://127.0.0.1:1'}"], "rollout.collector.server_urls.maze: 'maze' is "
                                                                               "neither trained nor evaluated"),
-    (["agent.envs=[calc]", "agent.server_urls={calc: 'localhost:80'}"], "agent.server_urls.calc: expected an http"),
-    (["agent.stages=[{envs: [maze], steps: 0}]"], "agent.stages[0]: expected {envs: [name, ...], steps: N>=1}"),
-    (["agent.stages=[{envs: [maez], steps: 5}]"], "agent.stages[0].envs[0]: unknown environment 'maez'"),
-    (["agent.envs=[calc]", "agent.stages=[{envs: [maze], steps: 5}]"], "agent.stages: set either agent.envs"),
-    (["agent.envs=[calc]", "agent.horizon_schedule=stepwise"], "agent.horizon_rounds: stepwise needs a non-empty"),
-    (["agent.envs=[calc]", "agent.horizon_rounds=[2, 4]"], "agent.horizon_rounds: only used with"),
-    (["agent.envs=[calc]", "agent.branching=arpo", "agent.branch_args={beam: 2}"],
-     "agent.branch_args.beam: arpo has no parameter 'beam' (did you mean 'beam_size'?)"),
-    (["agent.envs=[calc]", "agent.branch_args={beam_size: 2}"], "agent.branch_args: only used with"),
-    (["agent.envs=[calc]", "model.max_position_embeddings=128"], "model.max_position_embeddings: 128 positions "
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.server_urls={calc: 'localhost:80'}"], "rollout.collector.server_urls.calc: expected an http"),
+    (["rollout.collector.type=agent", "rollout.collector.stages=[{envs: [maze], steps: 0}]"], "rollout.collector.stages[0]: expected {envs: [name, ...], steps: N>=1}"),
+    (["rollout.collector.type=agent", "rollout.collector.stages=[{envs: [maez], steps: 5}]"], "rollout.collector.stages[0].envs[0]: unknown environment 'maez'"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.stages=[{envs: [maze], steps: 5}]"], "rollout.collector.stages: set either rollout.collector.envs"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.horizon_schedule=stepwise"], "rollout.collector.horizon_rounds: stepwise needs a non-empty"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.horizon_rounds=[2, 4]"], "rollout.collector.horizon_rounds: only used with"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.branching=arpo", "rollout.collector.branch_args={beam: 2}"],
+     "rollout.collector.branch_args.beam: arpo has no parameter 'beam' (did you mean 'beam_size'?)"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "rollout.collector.branch_args={beam_size: 2}"], "rollout.collector.branch_args: only used with"),
+    (["rollout.collector.type=agent", "rollout.collector.envs=[calc]", "model.max_position_embeddings=128"], "model.max_position_embeddings: 128 positions "
                                                                  "cannot hold"),
 ])
 def test_bad_config_is_a_one_line_error_naming_the_key(override, message):

@@ -261,7 +261,7 @@ def test_dvpo_critic_update_is_exact_under_gradient_accumulation(tiny_model, agg
     """update_critic with critic.loss=dvpo: one micro-batch of 6 rows vs micro-batches of 2 (with SGD at lr 1 the
     parameter change is minus the gradient) give the same gradients and the same logged terms."""
     from credo.train.optim import build_scheduler
-    from credo.train.update import update_critic
+    from credo.train.update import UpdateOptions, update_critic
 
     model, tok = tiny_model
     base = ValueModel.from_policy(model, "quantile", heads=2, quantiles=30)
@@ -273,7 +273,8 @@ def test_dvpo_critic_update_is_exact_under_gradient_accumulation(tiny_model, agg
                                  "critic.grad_clip=0", "train.warmup_steps=0", f"train.micro_batch_size={micro}"])
         critic = copy.deepcopy(base)
         opt = torch.optim.SGD(critic.parameters(), lr=1.0)
-        metrics = update_critic(cfg, critic, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
+        metrics = update_critic(UpdateOptions.of(cfg), critic, batch, opt,
+                                build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
         results.append(([(p0 - p).detach() for p0, p in zip(base.parameters(), critic.parameters())], metrics))
     (g_whole, m_whole), (g_micro, m_micro) = results
     assert sum(float(g.abs().sum()) for g in g_whole) > 0
@@ -288,7 +289,8 @@ def test_dvpo_critic_update_is_exact_under_gradient_accumulation(tiny_model, agg
                              "critic.head_args={heads: 2, quantiles: 30}", "critic.loss_args={consistency_coef: 0}"])
     critic = copy.deepcopy(base)
     opt = torch.optim.SGD(critic.parameters(), lr=1.0)
-    metrics = update_critic(cfg, critic, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
+    metrics = update_critic(UpdateOptions.of(cfg), critic, batch, opt,
+                            build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
     assert "critic/dvpo_consistency" not in metrics and "critic/dvpo_qr" in metrics
 
 

@@ -39,7 +39,7 @@ def _update(model, batch, mode: str, dp: DataParallel, *, fsdp2: bool = False, o
     from credo.config import load_config
     from credo.distributed.fsdp import full_state_dict, shard_policy
     from credo.train.optim import build_scheduler
-    from credo.train.update import update_policy
+    from credo.train.update import UpdateOptions, update_policy
 
     strategy = ["distributed.backend=torchrun", "distributed.strategy=fsdp2"] if fsdp2 else []
     cfg = load_config(None, [f"algo.agg={mode}", "train.micro_batch_size=2", "train.warmup_steps=0",
@@ -49,7 +49,8 @@ def _update(model, batch, mode: str, dp: DataParallel, *, fsdp2: bool = False, o
         shard_policy(m, dp.world_size)
     before = {k: v.clone() for k, v in full_state_dict(m).items()}
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
-    metrics = update_policy(cfg, m, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0, dp=dp)
+    metrics = update_policy(UpdateOptions.of(cfg), m, batch, opt,
+                            build_scheduler(opt, warmup_steps=0, total_steps=1), step=0, dp=dp)
     after = full_state_dict(m)
     grads = [before[k] - after[k] for k in before]
     return grads, metrics

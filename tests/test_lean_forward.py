@@ -243,7 +243,7 @@ def test_fused_old_logprobs_give_the_same_update_as_a_separate_pass():
 
     from credo.config import load_config
     from credo.train.optim import build_optimizer, build_scheduler
-    from credo.train.update import update_policy
+    from credo.train.update import UpdateOptions, update_policy
 
     cfg = load_config(None, ["train.warmup_steps=0", "train.lr=0.01"])
     model, tok = _model64()
@@ -258,7 +258,7 @@ def test_fused_old_logprobs_give_the_same_update_as_a_separate_pass():
             b.old_logprobs, stats = batched_logprobs(m, b, micro_batch_size=2, stats=("entropy",))
         opt = build_optimizer(m, lr=0.01)
         sched = build_scheduler(opt, warmup_steps=0, total_steps=1)
-        metrics = update_policy(cfg, m, b, opt, sched, step=0)
+        metrics = update_policy(UpdateOptions.of(cfg), m, b, opt, sched, step=0)
         results.append((m, metrics, None if fused else stats["entropy"]))
     (m0, _, entropy), (m1, metrics1, _) = results
     for (name, p0), p1 in zip(m0.named_parameters(), m1.parameters()):
@@ -276,7 +276,7 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(zero_rows, float64_n
 
     from credo.config import load_config
     from credo.train.optim import build_optimizer, build_scheduler
-    from credo.train.update import update_policy, zero_advantage_rows_inert
+    from credo.train.update import UpdateOptions, update_policy, zero_advantage_rows_inert
 
     model, tok = _model64()
     batch = _group_batch(tok)
@@ -287,10 +287,11 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(zero_rows, float64_n
     for skip in (False, True):
         cfg = load_config(None, ["train.warmup_steps=0", "train.weight_decay=0.1", "train.micro_batch_size=4",
                                  f"train.skip_zero_advantage={str(skip).lower()}"])
-        assert zero_advantage_rows_inert(cfg) == skip
+        assert zero_advantage_rows_inert(UpdateOptions.of(cfg)) == skip
         m = copy.deepcopy(model)
         opt = build_optimizer(m, lr=0.01, weight_decay=0.1)
-        metrics = update_policy(cfg, m, batch, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
+        metrics = update_policy(UpdateOptions.of(cfg), m, batch, opt,
+                                build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
         results.append((m, metrics))
     (m0, metrics0), (m1, metrics1) = results
     moved = False
@@ -300,5 +301,5 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(zero_rows, float64_n
     assert moved  # weight decay at least
     assert metrics0["actor/skipped_rows_frac"] == 0.0
     assert metrics1["actor/skipped_rows_frac"] == pytest.approx(len(zero_rows) / batch.batch_size)
-    assert not zero_advantage_rows_inert(load_config(None, ["algo.entropy_coef=0.01"]))
-    assert not zero_advantage_rows_inert(load_config(None, ["algo.policy_loss=kl_cov"]))
+    assert not zero_advantage_rows_inert(UpdateOptions.of(load_config(None, ["algo.entropy_coef=0.01"])))
+    assert not zero_advantage_rows_inert(UpdateOptions.of(load_config(None, ["algo.policy_loss=kl_cov"])))

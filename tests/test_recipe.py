@@ -8,7 +8,7 @@ import torch
 
 from credo.algo import compute_advantages
 from credo.config import load_config
-from credo.train.update import update_policy
+from credo.train.update import UpdateOptions, update_policy
 from credo.rollout import HFRolloutEngine
 from credo.train.batch import collate
 from credo.train.forward import batched_logprobs
@@ -37,7 +37,7 @@ def _update(model, batch, overrides, sgd=False):
     # plain SGD: the parameter change is exactly -lr * gradient (Adam would amplify float noise on tiny grads)
     opt = torch.optim.SGD(model.parameters(), lr=0.1) if sgd else build_optimizer(model, lr=1e-2)
     sched = build_scheduler(opt, warmup_steps=0, total_steps=10)
-    metrics = update_policy(cfg, model, batch, opt, sched, step=0)
+    metrics = update_policy(UpdateOptions.of(cfg), model, batch, opt, sched, step=0)
     return model, metrics
 
 
@@ -87,7 +87,7 @@ def test_sft_term_is_exact_under_gradient_accumulation(tiny_model):
 
 
 def test_top_entropy_token_selection_keeps_the_requested_fraction(tiny_model):
-    from credo.recipes.rlvr import select_tokens
+    from credo.train.token_select import select_tokens
 
     model, tok = tiny_model
     batch = _batch(model, tok)

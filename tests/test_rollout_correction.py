@@ -66,7 +66,7 @@ def test_trainer_applies_the_correction_and_reports_it():
     from credo.config import load_config
     from credo.train.forward import batched_logprobs
     from credo.train.optim import build_optimizer, build_scheduler
-    from credo.train.update import update_policy
+    from credo.train.update import UpdateOptions, update_policy
     from tests.test_lean_forward import F64, _group_batch, _model64
 
     model, tok = _model64()
@@ -79,7 +79,8 @@ def test_trainer_applies_the_correction_and_reports_it():
         cfg = load_config(None, ["train.warmup_steps=0", f"algo.rollout_correction={corr}"])
         m = copy.deepcopy(model)
         opt = build_optimizer(m, lr=0.01)
-        metrics = update_policy(cfg, m, b, opt, build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
+        metrics = update_policy(UpdateOptions.of(cfg), m, b, opt,
+                                build_scheduler(opt, warmup_steps=0, total_steps=1), step=0)
         return [p.detach().clone() for p in m.parameters()], metrics
 
     base, _ = run(batch, "none")

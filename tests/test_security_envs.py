@@ -208,7 +208,7 @@ def test_env_failure_share_above_the_limit_stops():
 
     bad, good = RewardResult(0.0, failed=True, error="HTTP 500:\nboom"), RewardResult(1.0)
     check_env_failures([bad] * 8 + [good] * 8, max_share=0.5, step=0)  # 8/16 = 0.5 is not above 0.5
-    with pytest.raises(EnvOutageError, match=r"9 of 16 episodes .*agent.max_env_failure_share=0.5") as info:
+    with pytest.raises(EnvOutageError, match=r"9 of 16 episodes .*rollout.collector.max_env_failure_share=0.5") as info:
         check_env_failures([bad] * 9 + [good] * 7, max_share=0.5, step=2)  # 9/16 = 0.5625 > 0.5
     assert "\n" not in str(info.value) and "RL step 3" in str(info.value) and "HTTP 500: boom" in str(info.value)
     check_env_failures([bad] * 16, max_share=1.0, step=0)  # 1.0: never stops
@@ -308,7 +308,7 @@ def test_cli_run_stops_when_most_episodes_fail_in_the_environment(tmp_path: Path
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("credo:")]
     assert len(lines) == 1, lines
     assert "16 of 16 episodes failed in the environment" in lines[0]
-    assert "agent.max_env_failure_share=0.5" in lines[0] and "HTTP 500" in lines[0]
+    assert "rollout.collector.max_env_failure_share=0.5" in lines[0] and "HTTP 500" in lines[0]
     assert not (tmp_path / "down" / "metrics.jsonl").is_file() or all(
         "env/failed_episodes" not in m for m in read_metrics(tmp_path / "down" / "metrics.jsonl"))
 
@@ -561,7 +561,7 @@ def test_env_serve_unknown_name_through_the_real_cli():
 def test_bad_env_params_in_a_training_config_are_config_errors():
     from credo.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"agent.env_params.maze: .*size=1 must be in \[2, 64\]"):
+    with pytest.raises(ConfigError, match=r"rollout.collector.env_params.maze: .*size=1 must be in \[2, 64\]"):
         load_config(None, ["agent.envs=[maze]", "agent.env_params={maze: {size: 1}}"])
-    with pytest.raises(ConfigError, match=r"agent.env_params.calc: .*terms=12 must be in \[1, 8\]"):
+    with pytest.raises(ConfigError, match=r"rollout.collector.env_params.calc: .*terms=12 must be in \[1, 8\]"):
         load_config(None, ["agent.envs=[calc]", "agent.env_params={calc: {terms: 12}}"])

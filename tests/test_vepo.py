@@ -320,14 +320,21 @@ def test_config_validation_and_no_fused_old_logprobs():
     from credo.recipes.rlvr import fuse_old_logprobs
 
     cfg = load_config("vepo")
-    assert cfg.vepo.enabled and cfg.vepo.top_fraction == 0.2 and cfg.vepo.perturb == "shuffle"
-    for bad, match in ((["vepo.perturb=blur"], "vepo.perturb"), (["vepo.perturb_args.sigma=1"], "vepo.perturb_args"),
-                       (["algo.top_entropy_quantile=0.2"], "one token selection"),
-                       (["vepo.apply=nope"], "vepo.apply")):
+    v = cfg.token_select
+    assert v.type == "vepo" and v.top_fraction == 0.2 and v.perturb == "shuffle"
+    for bad, match in ((["token_select.perturb=blur"], "token_select.perturb"),
+                       (["token_select.perturb_args.sigma=1"], "token_select.perturb_args"),
+                       (["algo.top_entropy_quantile=0.2"], "choose one"),  # the old key: one selection at a time
+                       (["token_select.apply=nope"], "token_select.apply")):
         with pytest.raises(ConfigError, match=match):
             load_config("vepo", bad)
-    parts = types.SimpleNamespace(ref_model=None, critic=None, replay=None)
+    from credo.collect.base import CollectorNeeds
+    from credo.recipes.stages import build_token_selector
+
+    parts = types.SimpleNamespace(ref_model=None, critic=None, collector=types.SimpleNamespace(needs=CollectorNeeds()),
+                                  selector=build_token_selector(load_config("grpo"), None, None))
     assert fuse_old_logprobs(load_config("grpo"), parts, (), 64)
+    parts.selector = build_token_selector(cfg, None, None)  # the run's stages, as credo.recipes.rlvr builds them
     assert not fuse_old_logprobs(cfg, parts, (), 64)
 
 

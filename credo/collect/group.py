@@ -12,8 +12,10 @@ import dataclasses
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
+from credo.collect.base import CollectorNeeds
 from credo.rewards.shaping import overlong_penalty
 from credo.train.stats import Timer, rollout_metrics
 from credo.types import RewardResult, SamplingParams, Trajectory
@@ -24,6 +26,72 @@ class Rollouts:
     trajs: list[Trajectory]  # the samples to train on (group ids renumbered 0..K-1)
     results: list[RewardResult]
     metrics: dict[str, float] = field(default_factory=dict)
+    sampling: SamplingParams | None = None  # how the engine sampled them (None: a checkpoint older than the field)
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """How :class:`GroupCollector` collects a step (``train.prompts_per_step``, ``rollout.group_size``, the group
+    collector's filtering, ``reward.overlong_*``)."""
+
+    prompts_per_step: int
+    group_size: int
+    filter_groups: bool = False
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 1
+    overlong_buffer: int = 0
+    overlong_factor: float = 1.0
+    noise: bool = False  # the training runner corrupts scores (``reward.noise``): log ``reward/noised_frac``
+
+    @classmethod
+    def of(cls, cfg) -> "GroupOptions":
+        c, r = cfg.rollout.collector, cfg.reward
+        return cls(prompts_per_step=cfg.train.prompts_per_step, group_size=cfg.rollout.group_size,
+                   filter_groups=c.filter_groups, dynamic_sampling=c.dynamic_sampling,
+                   max_gen_batches=c.max_gen_batches, overlong_buffer=r.overlong_buffer,
+                   overlong_factor=r.overlong_penalty, noise=r.noise > 0)
+
+
+class GroupCollector:
+    """Single-turn collection (``rollout.collector.type=group``): ``group_size`` samples per prompt, scored by the
+    step's training runner (``runner_for(step)``), with group filtering / dynamic sampling and DAPO's overlong
+    shaping (:func:`collect_rollouts`)."""
+
+    needs = CollectorNeeds()
+
+    def __init__(self, engine, runner_for: Callable[[int], Any], sampler, sampling: SamplingParams,
+                 opts: GroupOptions) -> None:
+        self.engine, self.runner_for, self.sampler = engine, runner_for, sampler
+        self.sampling, self.opts = sampling, opts
+
+    def start(self, run_dir: Path) -> None:
+        """Nothing to prepare before the first step."""
+
+    def collect(self, step: int, timer: Timer) -> Rollouts:
+        o = self.opts
+        rollouts = collect_rollouts(
+            self.engine, self.runner_for(step), self.sampler, prompts_per_step=o.prompts_per_step,
+            group_size=o.group_size, sampling=self.sampling, filter_groups=o.filter_groups,
+            dynamic_sampling=o.dynamic_sampling, max_gen_batches=o.max_gen_batches,
+            overlong_buffer=o.overlong_buffer, overlong_factor=o.overlong_factor, timer=timer)
+        if o.noise:
+            rollouts.metrics["reward/noised_frac"] = noised_frac(rollouts.results)
+        return rollouts
+
+    def rewards(self, batch, trajs):
+        """The verifier scores, (B,)."""
+        return batch.scores
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+
+def noised_frac(results: list[RewardResult]) -> float:
+    """Share of the results whose score the noisy training runner corrupted (``reward.noise``)."""
+    return sum(bool(r.info.get("noised")) for r in results) / max(len(results), 1)
 
 
 def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_size: int, sampling: SamplingParams,
@@ -64,7 +132,7 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
     if overlong_buffer:
         metrics["reward/overlong_penalty_mean"] = sum(r.info.get("overlong_penalty", 0.0) for r in all_results) / len(
             all_results)
-    return Rollouts(out_trajs, out_results, metrics)
+    return Rollouts(out_trajs, out_results, metrics, sampling=sampling)
 
 
 class Prefetch:

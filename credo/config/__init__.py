@@ -9,13 +9,15 @@ from credo.config.loader import (
     resolve_preset,
 )
 from credo.config.schema import (
-    AgentConfig,
     AlgoConfig,
     CheckpointConfig,
     CriticConfig,
+    EntropySelectConfig,
     EvalConfig,
+    GroupCollectorConfig,
     LogConfig,
     ModelConfig,
+    NoSelectConfig,
     RewardConfig,
     RolloutConfig,
     RunConfig,
@@ -25,7 +27,7 @@ from credo.config.schema import (
 )
 
 __all__ = [
-    "AgentConfig", "AlgoConfig", "CheckpointConfig", "ConfigError", "CriticConfig", "EvalConfig", "LogConfig", "ModelConfig", "RewardConfig",
+    "AlgoConfig", "CheckpointConfig", "ConfigError", "CriticConfig", "EntropySelectConfig", "EvalConfig", "GroupCollectorConfig", "LogConfig", "ModelConfig", "NoSelectConfig", "RewardConfig",
     "RolloutConfig", "RunConfig", "TaskConfig", "TrainConfig", "WarmStartConfig", "config_from_dict",
     "config_to_dict", "dump_config", "load_config", "parse_override", "resolve_preset",
 ]

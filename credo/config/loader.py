@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from credo.config import legacy
+from credo.config.fields import resolve_class
 from credo.config.schema import RunConfig
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -25,32 +27,47 @@ PRESET_PATH_KEYS = ("model.path", "critic.path", "task.train_file", "task.eval_f
                     "replay.pool")
 
 
+# estimator inputs that only some collectors record on their rows (a collector config's ``provides``)
+ROW_INPUTS = {"tree_paths"}
+
+
 class ConfigError(ValueError):
     """A bad configuration; the message is one line and names the key."""
 
 
 # ----------------------------------------------------------------------------- public API
 
-def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Defaults <- YAML preset (``path`` or a preset name in ``configs/``) <- ``key=value`` overrides.
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                root: type = RunConfig) -> Any:
+    """Defaults <- YAML preset (``path`` or a preset name in ``configs/``) <- ``key=value`` overrides, as a
+    ``root`` (:class:`RunConfig` for ``credo train``; ``credo rm train`` has its own root).
 
     Relative input paths in the preset (:data:`PRESET_PATH_KEYS`) are relative to the preset's folder
-    (:func:`resolve_preset_paths`); paths in overrides are used as given (relative to the working directory)."""
+    (:func:`resolve_preset_paths`); paths in overrides are used as given (relative to the working directory).
+    Keys of the older layout are mapped to their new places with a deprecation notice (:mod:`credo.config.legacy`)."""
+    rm_sections = "refuse" if root is RunConfig else "keep"
     data: dict[str, Any] = {}
-    if path:
-        preset = resolve_preset(path)
-        data = resolve_preset_paths(read_yaml(preset), preset)
-    for item in overrides:
-        key, value = parse_override(item)
-        set_dotted(data, key, value)
-    cfg = build(RunConfig, data, prefix="")
-    validate_semantics(cfg)
-    return cfg
+    try:
+        if path:
+            preset = resolve_preset(path)
+            data = legacy.upgrade(resolve_preset_paths(read_yaml(preset), preset), rm_sections=rm_sections)
+        old: dict[str, Any] = {}
+        for item in overrides:
+            key, value = parse_override(item)
+            set_dotted(old if legacy.is_legacy_key(key) else data, key, value)
+        if old:
+            legacy.merge(data, legacy.upgrade_overrides(old, data))
+    except legacy.LegacyError as exc:
+        raise ConfigError(str(exc)) from None
+    return config_from_dict(data, root=root)
 
 
-def config_from_dict(data: dict[str, Any]) -> RunConfig:
-    cfg = build(RunConfig, data, prefix="")
-    validate_semantics(cfg)
+def config_from_dict(data: dict[str, Any], *, root: type = RunConfig) -> Any:
+    cfg = build(root, data, prefix="", root=root)
+    if root is RunConfig:
+        validate_semantics(cfg)
+    else:
+        validate_common(cfg)
     return cfg
 
 
@@ -147,35 +164,78 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{key}: {part!r} is a value, not a section")
         node = child
+    if parts[-1] == "type" and node.get("type", value) != value:
+        node.clear()  # another choice: the keys of the previous one do not apply
     node[parts[-1]] = value
 
 
 # ----------------------------------------------------------------------------- structure and types
 
-def build(cls: type, data: Any, prefix: str) -> Any:
+def build(cls: type, data: Any, prefix: str, root: type = RunConfig) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a section (mapping), got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
-            raise ConfigError(_unknown_key(prefix, key, list(fields)))
+            raise ConfigError(_unknown_key(prefix, key, list(fields), root))
     kwargs = {}
     for name, value in data.items():
         f, hint, full = fields[name], hints[name], prefix + name
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = build(hint, value if value is not None else {}, full + ".")
+        section = _section_class(hint)
+        if "choice" in f.metadata:
+            kwargs[name] = build_choice(f, value, full, root)
+        elif section is not None and value is None and type(None) in _union_args(hint):
+            kwargs[name] = None  # an optional section switched off
+        elif section is not None:
+            kwargs[name] = build(section, value if value is not None else {}, full + ".", root)
         else:
             kwargs[name] = _check_value(full, _coerce(full, value, hint), f.metadata)
     return cls(**kwargs)
 
 
-def _unknown_key(prefix: str, key: str, siblings: list[str]) -> str:
+def build_choice(f: dataclasses.Field, value: Any, key: str, root: type) -> Any:
+    """A choice section: its ``type`` (default: the field's) picks the dataclass, which checks the other keys."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a section (mapping) with a type, got {value!r}")
+    options, kind = f.metadata["choice"], value.get("type", f.metadata["default_type"])
+    if kind not in options:
+        close = difflib.get_close_matches(str(kind), list(options), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}.type: {kind!r} is not one of {', '.join(options)}{hint}")
+    cls = resolve_class(options[kind])
+    names = {g.name for g in dataclasses.fields(cls)}
+    for other in value:
+        if other not in names:
+            owners = [t for t, c in options.items() if other in {g.name for g in dataclasses.fields(resolve_class(c))}]
+            if owners:
+                raise ConfigError(f"unknown key {key + '.' + other!r} for {key}.type={kind} (a key of type "
+                                  f"{' / '.join(owners)})")
+    return build(cls, value, key + ".", root)
+
+
+def _section_class(hint: Any) -> type | None:
+    """The dataclass of a (possibly optional, ``X | None``) section hint, else None."""
+    for t in _union_args(hint):
+        if dataclasses.is_dataclass(t):
+            return t
+    return None
+
+
+MOVED = {"rm": "reward-model settings belong to `credo rm train` (its own config)",
+         "birm": "BiRM settings belong to `credo rm train rm.method=birm` (its own config)"}
+
+
+def _unknown_key(prefix: str, key: str, siblings: list[str], root: type = RunConfig) -> str:
     full = prefix + key
+    if not prefix and key in MOVED and root is RunConfig:
+        return f"unknown key {full!r}: {MOVED[key]}"
     close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
     if close:
         return f"unknown key {full!r} (did you mean {prefix + close[0]!r}?)"
-    elsewhere = [p for p in _all_paths(RunConfig) if p.rsplit(".", 1)[-1] == key]
+    elsewhere = [p for p in _all_paths(root) if p.rsplit(".", 1)[-1] == key]
     if elsewhere:
         return f"unknown key {full!r} (did you mean {' or '.join(repr(p) for p in elsewhere[:3])}?)"
     scope = f"section {prefix.rstrip('.')!r}" if prefix else "the top level"
@@ -183,12 +243,15 @@ def _unknown_key(prefix: str, key: str, siblings: list[str]) -> str:
 
 
 def _all_paths(cls: type, prefix: str = "") -> list[str]:
+    """Every key under ``cls``; a choice section's keys are the union of its options' (each once)."""
     out = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            out += _all_paths(hints[f.name], prefix + f.name + ".")
-        else:
+        subs = [resolve_class(c) for c in f.metadata["choice"].values()] if "choice" in f.metadata else \
+            [s for s in [_section_class(hints[f.name])] if s is not None]
+        for sub in subs:
+            out += [k for k in _all_paths(sub, prefix + f.name + ".") if k not in out]
+        if not subs:
             out.append(prefix + f.name)
     return out
 
@@ -262,9 +325,25 @@ def _check_value(key: str, value: Any, meta: Any) -> Any:
 
 # ----------------------------------------------------------------------------- cross-field checks
 
+def validate_common(cfg: Any) -> None:
+    """Checks of the sections every command's config has (model, task), before any model is built."""
+    m = cfg.model
+    if m.path is None and m.num_heads and m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.hidden_size: {m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
+    if m.path is None and m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide model.num_heads={m.num_heads}")
+    if "{prompt}" not in cfg.task.prompt_template:
+        raise ConfigError(f"task.prompt_template: must contain {{prompt}}, got {cfg.task.prompt_template!r}")
+    if cfg.task.name == "file" and not cfg.task.train_file:
+        raise ConfigError("task.train_file: required when task.name=file")
+    if cfg.task.name != "file" and (cfg.task.train_file or cfg.task.eval_file):
+        raise ConfigError(f"task.train_file: only used with task.name=file (task.name is {cfg.task.name!r})")
+
+
 def validate_semantics(cfg: RunConfig) -> None:
     """Checks that involve several keys or the registries (still before any model is built)."""
-    t, m = cfg.train, cfg.model
+    validate_common(cfg)
+    t = cfg.train
     batch = t.prompts_per_step * cfg.rollout.group_size
     if t.mini_batch_size is not None and batch % t.mini_batch_size:
         raise ConfigError(f"train.mini_batch_size: {t.mini_batch_size} must divide the rollout batch "
@@ -274,18 +353,8 @@ def validate_semantics(cfg: RunConfig) -> None:
         raise ConfigError(f"train.micro_batch_size: {t.micro_batch_size} must divide the mini-batch size {mini}")
     if t.micro_batch_size is not None and t.micro_batch_tokens is not None:
         raise ConfigError("train.micro_batch_tokens: set either it or train.micro_batch_size, not both")
-    if m.path is None and m.num_heads and m.hidden_size % m.num_heads:
-        raise ConfigError(f"model.hidden_size: {m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
-    if m.path is None and m.num_heads % m.num_kv_heads:
-        raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide model.num_heads={m.num_heads}")
     if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in t.betas):
         raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {t.betas!r}")
-    if "{prompt}" not in cfg.task.prompt_template:
-        raise ConfigError(f"task.prompt_template: must contain {{prompt}}, got {cfg.task.prompt_template!r}")
-    if cfg.task.name == "file" and not cfg.task.train_file:
-        raise ConfigError("task.train_file: required when task.name=file")
-    if cfg.task.name != "file" and (cfg.task.train_file or cfg.task.eval_file):
-        raise ConfigError(f"task.train_file: only used with task.name=file (task.name is {cfg.task.name!r})")
     validate_distributed(cfg)
     validate_registries(cfg)
 
@@ -321,8 +390,14 @@ def validate_estimator_inputs(cfg: RunConfig) -> None:
     if {"values", "value_quantiles"} & set(entry.requirements(a.advantage_args)) and cfg.critic.enabled is False:
         raise ConfigError(f"critic.enabled: algo.advantage={a.advantage} reads a critic's values; set "
                           f"critic.enabled=true (or leave it null), or pick an estimator without a critic")
+    rows = ROW_INPUTS & set(entry.requirements(a.advantage_args))
+    provided = set(getattr(type(cfg.rollout.collector), "provides", ()))
+    if rows - provided:
+        raise ConfigError(f"algo.advantage={a.advantage}: reads {', '.join(sorted(rows - provided))} of every row, "
+                          f"which rollout.collector.type={cfg.rollout.collector.type} does not provide"
+                          f"{' (AttnRL: rollout.collector.type=tree)' if 'tree_paths' in rows else ''}")
     p = cfg.replay
-    group = cfg.rollout.group_size + ((p.num + p.negative) if p.pool is not None else 0)
+    group = cfg.rollout.group_size + ((p.num + p.negative) if p is not None else 0)
     if entry.groups and group < 2:
         raise ConfigError(f"rollout.group_size: algo.advantage={a.advantage} compares each sample with the others "
                           f"of its prompt's group and needs rollout.group_size >= 2 (got {group}); use a larger "
@@ -357,16 +432,18 @@ def validate_reward_mix(cfg: RunConfig) -> None:
         if not isinstance(comp.get("weight", 1.0), (int, float)) or not isinstance(comp.get("kwargs", {}), dict):
             raise ConfigError(f"{key}: weight must be a number and kwargs a mapping, got {comp!r}")
         _check_reward(f"{key}.name", comp["name"])
-    if r.noise > 0 and (cfg.agent.envs or cfg.agent.stages):
+    if r.noise > 0 and cfg.rollout.collector.type == "agent":
         raise ConfigError("reward.noise: single-turn tasks only (agent rewards come from the environments)")
 
 
 def validate_replay(cfg: RunConfig) -> None:
-    p = cfg.replay
-    if p.pool is None:
+    p, kind = cfg.replay, cfg.rollout.collector.type
+    if p is None or p.pool is None:  # a section without a pool: `credo rlep collect` settings (training: preflight)
         return
-    if cfg.agent.envs or cfg.agent.stages:
-        raise ConfigError("replay.pool: experience replay is for single-turn tasks (agent episodes are not replayed)")
+    if kind != "group":
+        why = "agent episodes are not replayed" if kind == "agent" else "replayed answers have no rollout tree"
+        raise ConfigError(f"replay.pool: experience replay is for single-turn groups, rollout.collector.type=group "
+                          f"({why})")
     if p.num == 0 and p.negative == 0:
         raise ConfigError("replay.pool: set with replay.num=0 and replay.negative=0 replays nothing")
     if p.pool == "warm_start" and cfg.distributed.backend != "none":
@@ -378,41 +455,31 @@ def validate_vepo(cfg: RunConfig) -> None:
     """VEPO: a known perturbation with accepted arguments, single-turn prompts, one token selection at a time."""
     from credo.methods.vepo.grounding import check_perturbation_args, get_perturbation
 
-    v = cfg.vepo
-    if not v.enabled:
+    v = cfg.token_select
+    if v.type != "vepo":
         return
-    _wrap("vepo.perturb", lambda: get_perturbation(v.perturb))
-    _wrap("vepo.perturb_args", lambda: check_perturbation_args(v.perturb, v.perturb_args))
-    if cfg.agent.envs or cfg.agent.stages:
-        raise ConfigError("vepo.enabled: not implemented for multi-turn agent episodes (VEPO perturbs the grounding "
-                          "span of a single-turn prompt)")
-    if cfg.algo.top_entropy_quantile < 1.0:
-        raise ConfigError("vepo.enabled: choose one token selection; VEPO already couples with entropy, set "
-                          "algo.top_entropy_quantile=1.0")
+    _wrap("token_select.perturb", lambda: get_perturbation(v.perturb))
+    _wrap("token_select.perturb_args", lambda: check_perturbation_args(v.perturb, v.perturb_args))
+    if cfg.rollout.collector.type == "agent":
+        raise ConfigError("token_select.type=vepo: not implemented for multi-turn agent episodes (VEPO perturbs the "
+                          "grounding span of a single-turn prompt)")
 
 
 def validate_attnrl(cfg: RunConfig) -> None:
-    """AttnRL tree rollouts replace the single-turn collection; the pieces that assume plain groups are refused."""
-    a, d = cfg.attnrl, cfg.distributed
-    if cfg.algo.advantage == "attnrl" and not a.enabled:
-        raise ConfigError("algo.advantage=attnrl: needs attnrl.enabled=true (its segment advantages are read from the "
-                          "tree rollouts)")
-    if not a.enabled:
+    """AttnRL's tree collector: the pieces that assume plain groups or another process's policy are refused."""
+    kind, d = cfg.rollout.collector.type, cfg.distributed
+    if kind != "tree":
         return
     if cfg.algo.advantage == "attnrl" and cfg.algo.kl_in_reward:
         raise ConfigError("algo.kl_in_reward: not implemented with algo.advantage=attnrl (the tree values use the "
                           "leaf scores); put the KL in the loss (kl_in_reward=false)")
     for key, bad, why in (
-            ("agent.envs", bool(cfg.agent.envs or cfg.agent.stages), "tree rollouts are for single-turn tasks"),
-            ("algo.filter_groups", cfg.algo.filter_groups or cfg.algo.dynamic_sampling,
-             "tree rollouts filter with attnrl.filter_zero_std and size batches with attnrl.dynamic_batch"),
-            ("replay.pool", cfg.replay.pool is not None, "replayed answers have no rollout tree"),
             ("distributed.rollout", d.backend == "torchrun" and d.rollout == "shard",
              "the dynamic batch size is per run, not per rank; use distributed.rollout=replicate"),
             ("rollout.one_step_off", cfg.rollout.one_step_off and (d.backend == "ray" or cfg.rollout.engine != "hf"),
              "the FCI pass needs the sampling policy's in-process copy (rollout.engine=hf without Ray)")):
         if bad:
-            raise ConfigError(f"{key}: not implemented with attnrl.enabled ({why})")
+            raise ConfigError(f"{key}: not implemented with rollout.collector.type=tree ({why})")
 
 
 def validate_registries(cfg: RunConfig) -> None:
@@ -451,7 +518,7 @@ def validate_registries(cfg: RunConfig) -> None:
         _wrap("task.params", lambda: get_task(cfg.task.name, **cfg.task.params))
     if cfg.reward.name is not None:
         _check_reward("reward.name", cfg.reward.name)
-    if cfg.agent.envs or cfg.agent.stages:
+    if cfg.rollout.collector.type == "agent":
         validate_agent(cfg)
 
 
@@ -466,60 +533,60 @@ def _known_env(key: str, name: Any) -> str:
 
 
 def validate_agent(cfg: RunConfig) -> None:
-    """The ``agent`` section: env names, their parameters, stages, horizon schedule and branching arguments."""
+    """The agent collector (``rollout.collector``, ``type: agent``): env names, their parameters, stages, horizon schedule and branching arguments."""
     from credo.envs import make_env
     from credo.rollout.branching import AEPO_DEFAULTS, ARPO_DEFAULTS
 
-    a = cfg.agent
+    a = cfg.rollout.collector
     if cfg.model.path is None and cfg.model.max_position_embeddings < a.max_response_tokens + 64:
         raise ConfigError(f"model.max_position_embeddings: {cfg.model.max_position_embeddings} positions cannot hold "
-                          f"an episode of agent.max_response_tokens={a.max_response_tokens} plus its prompt; set it "
-                          f"to >= {a.max_response_tokens + 64} or lower agent.max_response_tokens")
+                          f"an episode of rollout.collector.max_response_tokens={a.max_response_tokens} plus its prompt; set it "
+                          f"to >= {a.max_response_tokens + 64} or lower rollout.collector.max_response_tokens")
     if a.envs and a.stages:
-        raise ConfigError("agent.stages: set either agent.envs (one mixture) or agent.stages (a sequence), not both")
+        raise ConfigError("rollout.collector.stages: set either rollout.collector.envs (one mixture) or rollout.collector.stages (a sequence), not both")
     for i, env in enumerate(a.envs):
-        _known_env(f"agent.envs[{i}]", env)
+        _known_env(f"rollout.collector.envs[{i}]", env)
     if a.env_weights is not None:
         if len(a.env_weights) != len(a.envs) or not all(isinstance(w, (int, float)) and w >= 0 for w in a.env_weights) \
                 or not sum(a.env_weights) > 0:
-            raise ConfigError(f"agent.env_weights: expected {len(a.envs)} non-negative numbers (one per agent.envs "
+            raise ConfigError(f"rollout.collector.env_weights: expected {len(a.envs)} non-negative numbers (one per rollout.collector.envs "
                               f"entry) with a positive sum, got {a.env_weights!r}")
     for i, stage in enumerate(a.stages):
         if not isinstance(stage, dict) or set(stage) != {"envs", "steps"} or not isinstance(stage["envs"], list) \
                 or not stage["envs"] or not isinstance(stage["steps"], int) or stage["steps"] < 1:
-            raise ConfigError(f"agent.stages[{i}]: expected {{envs: [name, ...], steps: N>=1}}, got {stage!r}")
+            raise ConfigError(f"rollout.collector.stages[{i}]: expected {{envs: [name, ...], steps: N>=1}}, got {stage!r}")
         for j, env in enumerate(stage["envs"]):
-            _known_env(f"agent.stages[{i}].envs[{j}]", env)
+            _known_env(f"rollout.collector.stages[{i}].envs[{j}]", env)
     used = set(a.envs) | {e for s in a.stages for e in s["envs"]}
     for i, env in enumerate(a.eval_envs):
-        _known_env(f"agent.eval_envs[{i}]", env)
+        _known_env(f"rollout.collector.eval_envs[{i}]", env)
     for section in ("env_params", "server_urls"):
         for env in getattr(a, section):
-            _known_env(f"agent.{section}.{env}", env)
+            _known_env(f"rollout.collector.{section}.{env}", env)
     for env, params in a.env_params.items():
         if not isinstance(params, dict):
-            raise ConfigError(f"agent.env_params.{env}: expected a mapping of parameters, got {params!r}")
-        _wrap(f"agent.env_params.{env}", lambda: make_env(env, **params))
+            raise ConfigError(f"rollout.collector.env_params.{env}: expected a mapping of parameters, got {params!r}")
+        _wrap(f"rollout.collector.env_params.{env}", lambda: make_env(env, **params))
     for env, url in a.server_urls.items():
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"agent.server_urls.{env}: expected an http(s) URL, got {url!r}")
+            raise ConfigError(f"rollout.collector.server_urls.{env}: expected an http(s) URL, got {url!r}")
         if env not in used and env not in a.eval_envs:
-            raise ConfigError(f"agent.server_urls.{env}: {env!r} is neither trained nor evaluated")
+            raise ConfigError(f"rollout.collector.server_urls.{env}: {env!r} is neither trained nor evaluated")
     if a.horizon_schedule == "stepwise":
         if not a.horizon_rounds or not all(isinstance(h, int) and h >= 1 for h in a.horizon_rounds):
-            raise ConfigError(f"agent.horizon_rounds: stepwise needs a non-empty list of turn caps >= 1, "
+            raise ConfigError(f"rollout.collector.horizon_rounds: stepwise needs a non-empty list of turn caps >= 1, "
                               f"got {a.horizon_rounds!r}")
     elif a.horizon_rounds:
-        raise ConfigError("agent.horizon_rounds: only used with agent.horizon_schedule=stepwise")
+        raise ConfigError("rollout.collector.horizon_rounds: only used with rollout.collector.horizon_schedule=stepwise")
     if a.branching == "none" and a.branch_args:
-        raise ConfigError("agent.branch_args: only used with agent.branching=arpo or aepo")
+        raise ConfigError("rollout.collector.branch_args: only used with rollout.collector.branching=arpo or aepo")
     if a.branching != "none":
         known = ARPO_DEFAULTS if a.branching == "arpo" else AEPO_DEFAULTS
         for key in a.branch_args:
             if key not in known:
                 close = difflib.get_close_matches(key, list(known), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"agent.branch_args.{key}: {a.branching} has no parameter {key!r}{hint}; "
+                raise ConfigError(f"rollout.collector.branch_args.{key}: {a.branching} has no parameter {key!r}{hint}; "
                                   f"it takes: {', '.join(known)}")
 
 

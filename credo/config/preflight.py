@@ -25,10 +25,11 @@ from credo.config.schema import RunConfig
 
 
 def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run-dir", rl: bool = True,
-              resume: bool = False) -> None:
+              resume: bool = False, files: tuple[tuple[str, str | None], ...] = ()) -> None:
     """All checks of the module docstring for a run of ``cfg`` into ``run_dir`` (None: the default under
     ``output_dir``); ``rl=False`` (sft, rm train) skips the RL-only ones (rollout engine, critic, replay pool);
-    ``resume=True`` skips the model directories (a resumed run loads its checkpoint's)."""
+    ``resume=True`` skips the model directories (a resumed run loads its checkpoint's); ``files``: more
+    (key, path) input files the command reads (``credo rm train``'s preference pairs)."""
     check_device("model.device", cfg.model.device)
     if not resume:
         check_model_dir("model.path", cfg.model.path)
@@ -36,7 +37,10 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run
         check_model_dir("critic.path", cfg.critic.path)
     if rl:
         check_rollout_engine(cfg.rollout.engine)
-    check_input_files(cfg, rl=rl)
+        if cfg.replay is not None and cfg.replay.pool is None:
+            raise ConfigError("replay.pool: required to train with a replay section (a pool file from `credo rlep "
+                              "collect`, or warm_start); replay: null switches replay off")
+    check_input_files(cfg, rl=rl, extra=files)
     if run_dir is None:
         run_dir_key = "output_dir"
         run_dir = Path(cfg.output_dir) / cfg.run_name if cfg.run_name else Path(cfg.output_dir)
@@ -95,13 +99,11 @@ def check_rollout_engine(engine: str) -> None:
         raise ConfigError(f"rollout.engine=vllm: {problem}; use rollout.engine=hf on this machine")
 
 
-def check_input_files(cfg: RunConfig, *, rl: bool = True) -> None:
+def check_input_files(cfg: RunConfig, *, rl: bool = True, extra: tuple[tuple[str, str | None], ...] = ()) -> None:
     """The data files the run reads exist and can be opened (a directory or an unreadable file is refused)."""
-    files = [("task.train_file", cfg.task.train_file), ("task.eval_file", cfg.task.eval_file)]
-    if rl and cfg.replay.pool not in (None, "warm_start"):
+    files = [("task.train_file", cfg.task.train_file), ("task.eval_file", cfg.task.eval_file), *extra]
+    if rl and cfg.replay is not None and cfg.replay.pool not in (None, "warm_start"):
         files.append(("replay.pool", cfg.replay.pool))
-    if not rl:
-        files += [("rm.train_file", cfg.rm.train_file), ("rm.eval_file", cfg.rm.eval_file)]
     for key, name in files:
         if not name:
             continue

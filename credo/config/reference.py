@@ -6,33 +6,68 @@ The README embeds this output between its ``config-reference`` markers
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 
+from credo.config.fields import resolve_class
 from credo.config.schema import RunConfig
 
 
-def reference_markdown() -> str:
+def reference_markdown(root: type = RunConfig) -> str:
     lines = ["| key | default | meaning |", "|---|---|---|"]
-    lines += _rows(RunConfig, "")
+    lines += _rows(root, "")
     return "\n".join(lines) + "\n"
 
 
-def _rows(cls: type, prefix: str) -> list[str]:
+def _rows(cls: type, prefix: str, note: str = "") -> list[str]:
+    """One row per key; a choice section gets a ``type`` row and each option's keys (marked with its type); an
+    optional section (``X | None``) a row of its own (default null) and its keys."""
     hints = typing.get_type_hints(cls)
     out, nested = [], []
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            nested.append((hints[f.name], prefix + f.name + "."))
+        key, section = prefix + f.name, _section_class(hints[f.name])
+        if "choice" in f.metadata:
+            nested.append((f, key))
             continue
+        if section is not None and f.default is None:
+            nested.append((f"| `{key}` | `null` | {f.metadata.get('help', '')} |", None))
+            nested.append((section, key + "."))
+            continue
+        if section is not None:
+            nested.append((section, key + "."))
+            continue
+        if f.name == "type" and note:
+            continue  # the choice's own type row lists the options
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         meta = f.metadata
         help_text = meta.get("help", "")
         if meta.get("choices"):
             help_text += f" ({' / '.join(map(str, meta['choices']))})"
-        out.append(f"| `{prefix}{f.name}` | `{_fmt(default)}` | {help_text} |")
+        out.append(f"| `{key}` | `{_fmt(default)}` | {note}{help_text} |")
     for sub, sub_prefix in nested:
-        out += _rows(sub, sub_prefix)
+        if isinstance(sub, str):
+            out.append(sub)
+        else:
+            out += _choice_rows(sub, sub_prefix) if isinstance(sub, dataclasses.Field) else _rows(sub, sub_prefix)
     return out
+
+
+def _choice_rows(f: dataclasses.Field, key: str) -> list[str]:
+    options = f.metadata["choice"]
+    out = [f"| `{key}.type` | `{f.metadata['default_type']}` | {f.metadata.get('help', '')} "
+           f"({' / '.join(options)}) |"]
+    for name, path in options.items():
+        cls = resolve_class(path)
+        type_help = next(g.metadata.get("help", "") for g in dataclasses.fields(cls) if g.name == "type")
+        out.append(f"| `{key}.type: {name}` | | {type_help} |")
+        out += _rows(cls, key + ".", note=f"[{name}] ")
+    return out
+
+
+def _section_class(hint: typing.Any) -> type | None:
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    return next((a for a in args if dataclasses.is_dataclass(a)), None)
 
 
 def _fmt(value: typing.Any) -> str:
@@ -44,13 +79,28 @@ def _fmt(value: typing.Any) -> str:
 
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+RM_START, RM_END = "<!-- config-reference-rm:start -->", "<!-- config-reference-rm:end -->"
+
+
+def rm_reference_markdown() -> str:
+    """``credo rm train``'s own sections (its other sections are those of ``credo train``)."""
+    from credo.methods.reward_models.config import RmRunConfig
+
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    rows = _rows(RmRunConfig, "")
+    lines += [r for r in rows if r.startswith(("| `rm.", "| `birm."))]
+    return "\n".join(lines) + "\n"
 
 
 def embed(readme_text: str) -> str:
-    """``readme_text`` with the reference placed between the markers."""
-    head, rest = readme_text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{reference_markdown()}{END}{tail}"
+    """``readme_text`` with the references placed between their markers."""
+    for start, end, table in ((START, END, reference_markdown), (RM_START, RM_END, rm_reference_markdown)):
+        if start not in readme_text:
+            continue
+        head, rest = readme_text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        readme_text = f"{head}{start}\n{table()}{end}{tail}"
+    return readme_text
 
 
 if __name__ == "__main__":

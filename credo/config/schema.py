@@ -6,16 +6,18 @@ Field metadata: ``choices`` (allowed values), ``min`` / ``max`` (inclusive bound
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from credo.config.fields import choice, opt, type_key
+from credo.methods.rlep.config import ReplayConfig
 
-def opt(default: Any, help: str = "", *, choices: tuple | None = None, min: float | None = None,
-        max: float | None = None, factory: Any = None):
-    meta = {"help": help, "choices": choices, "min": min, "max": max}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+# the options of the choice sections (type -> "module:Class"; credo.config.fields.register_choice adds one)
+COLLECTORS = {"group": "credo.config.schema:GroupCollectorConfig",
+              "tree": "credo.methods.attnrl.config:TreeCollectorConfig",
+              "agent": "credo.collect.config:AgentCollectorConfig"}
+TOKEN_SELECTORS = {"none": "credo.config.schema:NoSelectConfig", "entropy": "credo.config.schema:EntropySelectConfig",
+                   "vepo": "credo.methods.vepo.config:VepoSelectConfig"}
 
 
 @dataclass
@@ -76,6 +78,29 @@ class RolloutConfig:
                                 "log-probs (the policy that generated), recompute = the trainer's log-probs before "
                                 "the update (decoupled PPO; pair with algo.rollout_correction)",
                                 choices=("behaviour", "recompute"))
+    collector: Any = choice("group", COLLECTORS, "how a step's rollouts are collected: group = single-turn groups "
+                            "of group_size samples per prompt; tree = AttnRL tree rollouts; agent = multi-turn "
+                            "episodes in environments")
+
+
+@dataclass
+class GroupCollectorConfig:
+    type: str = type_key("group", "single-turn groups: rollout.group_size samples per prompt, scored by the verifier")
+    filter_groups: bool = opt(False, "drop groups whose rewards are all equal (Archer / ASPO rejection sampling)")
+    dynamic_sampling: bool = opt(False, "DAPO: refill dropped groups by generating more, up to max_gen_batches")
+    max_gen_batches: int = opt(3, "generation rounds per step allowed by dynamic_sampling", min=1)
+
+
+@dataclass
+class NoSelectConfig:
+    type: str = type_key("none", "the policy loss credits every response token")
+
+
+@dataclass
+class EntropySelectConfig:
+    type: str = type_key("entropy", "train only on the highest-entropy response tokens (forking tokens)")
+    quantile: float = opt(0.2, "share of the batch's response tokens kept, by entropy (the 80/20 rule: 0.2)",
+                          min=0.0, max=1.0)
 
 
 @dataclass
@@ -124,11 +149,7 @@ class AlgoConfig:
     sft_coef: float = opt(0.0, "weight of an NLL term on fully correct responses (GPPO / CE-GPPO recipes: 0.1)",
                           min=0.0)
     sft_correct_score: float = opt(1.0, "score that marks a response as fully correct for sft_coef")
-    filter_groups: bool = opt(False, "drop groups whose rewards are all equal (Archer / ASPO rejection sampling)")
-    dynamic_sampling: bool = opt(False, "DAPO: refill dropped groups by generating more, up to max_gen_batches")
-    max_gen_batches: int = opt(3, "generation rounds per step allowed by dynamic_sampling", min=1)
-    top_entropy_quantile: float = opt(1.0, "train only on the top fraction of tokens by entropy (forking tokens; "
-                                           "1.0 = all)", min=0.0, max=1.0)
+
 
 
 @dataclass
@@ -146,45 +167,6 @@ class CriticConfig:
                     "algo.advantage=dvpo) or vrpo (vib head)")
     loss_args: dict = opt(None, "critic loss hyperparameters, e.g. {cliprange_value: 0.5}", factory=dict)
     warmup_steps: int = opt(0, "RL steps that train only the critic (verl critic_warmup)", min=0)
-
-
-@dataclass
-class AgentConfig:
-    envs: list = opt(None, "environments for multi-turn agent RL (credo env list); empty = single-turn tasks",
-                     factory=list)
-    env_weights: list | None = opt(None, "mixture weights of envs (per-sample routing); null = uniform")
-    env_params: dict = opt(None, "per-environment parameters, e.g. {maze: {size: 5}}", factory=dict)
-    server_urls: dict = opt(None, "per-environment HTTP servers (AgentGym contract); others run in-process",
-                            factory=dict)
-    stages: list = opt(None, "sequential training: [{envs: [calc], steps: 50}, {envs: [maze], steps: 50}]",
-                       factory=list)
-    eval_envs: list = opt(None, "environments evaluated on held-out tasks (default: every training env)",
-                          factory=list)
-    max_turns: int = opt(4, "turn cap per episode (fixed horizon)", min=1)
-    horizon_schedule: str = opt("fixed", "ScalingInter-RL: fixed or stepwise", choices=("fixed", "stepwise"))
-    horizon_rounds: list = opt(None, "stepwise horizons, e.g. [2, 4, 6]", factory=list)
-    horizon_period: int = opt(100, "steps per stepwise horizon stage", min=1)
-    eval_max_turns: int | None = opt(None, "turn cap at evaluation (null = the largest training horizon)", min=1)
-    max_tokens_per_turn: int = opt(24, "generated tokens per assistant turn", min=1)
-    max_response_tokens: int = opt(256, "token budget of a whole episode after the prompt", min=8)
-    threads: int = opt(8, "concurrent environment steps", min=1)
-    timeout_s: float = opt(30.0, "per-call timeout of HTTP environments", min=0.01)
-    retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0)
-    max_env_failure_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes "
-                                       "failed in the environment (server error, timeout, bad answer); such episodes "
-                                       "are never trained on (1 = never stop)", min=0.0, max=1.0)
-    reward_placement: str = opt("last_action", "outcome reward on the last action token (credo) or the last "
-                                "response token (AgentGym-RL reference)", choices=("last_action", "last_token"))
-    template: str = opt("auto", "turn template: plain (credo's character models), chat (tokenizer's chat "
-                        "template) or auto", choices=("auto", "plain", "chat"))
-    branching: str = opt("none", "branching rollouts: none, arpo or aepo", choices=("none", "arpo", "aepo"))
-    branch_args: dict = opt(None, "branching hyperparameters (docs/agents.md)", factory=dict)
-    stop_at_action: bool = opt(False, "end each assistant turn at the closing tag of its action (e.g. </move>), as "
-                               "ARPO stops at </python>; default: the model ends turns with its end-of-turn token")
-    turn_cost: float = opt(0.0, "training reward shaping: subtracted per assistant turn (0 = the env's outcome "
-                           "reward only, as AgentGym-RL)", min=0.0)
-    invalid_action_cost: float = opt(0.0, "training reward shaping: subtracted per turn without a parseable action",
-                                     min=0.0)
 
 
 @dataclass
@@ -267,7 +249,7 @@ class DistributedConfig:
                     choices=("auto", "gloo", "nccl"))
     rollout: str = opt("shard", "torchrun mode: shard = each rank generates and scores its share of the prompts "
                        "and the ranks exchange them; replicate = every rank generates the whole batch (same as one "
-                       "process, token for token). Agent episodes and algo.filter_groups always replicate",
+                       "process, token for token). Agent episodes and rollout.collector.filter_groups always replicate",
                        choices=("shard", "replicate"))
     strategy: str = opt("ddp", "data-parallel training of the policy: ddp = every rank holds the whole model and "
                         "the gradients are summed; fsdp2 = parameters, gradients and optimizer state sharded over the "
@@ -289,144 +271,6 @@ class DistributedConfig:
 
 
 @dataclass
-class RewardModelConfig:
-    method: str = opt("bt", "credo rm train: bt = one Bradley-Terry reward model; crm = two peer-reviewing models "
-                      "(CRM); birm = BiRM's process reward model on self-labelled steps (birm.*; "
-                      "docs/reward_models.md)", choices=("bt", "crm", "birm"))
-    train_file: str | None = opt(None, "JSONL preference pairs (prompt, chosen, rejected); null = generated from task")
-    eval_file: str | None = opt(None, "held-out JSONL pairs; null = generated from task (or 10% of train_file)")
-    pairs: int = opt(4000, "generated training pairs (one per task example)", min=1)
-    eval_pairs: int = opt(200, "generated held-out pairs", min=1)
-    noise: float = opt(0.0, "share of generated training pairs with chosen and rejected swapped", min=0.0, max=1.0)
-    model: str = opt("value_head", "value_head = a scalar head on the backbone (ORM); implicit = the LM itself, "
-                     "r = beta * sum_t log pi / pi_ref (DPO's implicit reward; credo.models.implicit)",
-                     choices=("value_head", "implicit"))
-    beta: float = opt(0.1, "rm.model=implicit: beta of the implicit reward", min=0.0)
-    pooling: str = opt("last", "value_head: a response's reward is the head at its last token (last, the usual ORM) "
-                       "or the mean over its tokens (mean)", choices=("last", "mean"))
-    steps: int = opt(400, "optimizer steps", min=1)
-    batch_size: int = opt(32, "pairs per step", min=1)
-    lr: float = opt(1e-3, "learning rate", min=0.0)
-    margin: float = opt(0.0, "Bradley-Terry margin m in -log sigma(r_w - r_l - m)")
-    eval_every: int = opt(100, "held-out pairwise accuracy every N steps (0 = at the end only)", min=0)
-    keep_ratio: float = opt(0.6, "crm: final share of each mini-batch a model keeps for its peer (by margin)",
-                            min=0.01, max=1.0)
-    keep_warmup: float = opt(0.5, "crm: share of the steps over which the kept share falls from 1 to keep_ratio",
-                             min=0.0, max=1.0)
-    curriculum: bool = opt(True, "crm: order pairs easy to hard by the two models' mean margin each pass")
-
-
-@dataclass
-class BiRMConfig:
-    prompts: int = opt(400, "training prompts whose sampled responses are step-labelled", min=1)
-    samples: int = opt(4, "sampled responses per training prompt (the paper: 15)", min=1)
-    rollouts: int = opt(8, "Monte-Carlo continuations per step prefix (value label = the accepted share)", min=1)
-    step_tokens: int = opt(2, "response tokens per step", min=1)
-    reward_label: str = opt("hard", "reward-head label of a prefix: hard (any continuation accepted) or soft",
-                            choices=("hard", "soft"))
-    heads: str = opt("linear", "linear = the paper's heads on the last hidden state; logratio = both heads read "
-                     "the LM's token log-ratios against the frozen generator, sigmoid(beta * sum log pi/pi_ref + b) "
-                     "(a credo extension; docs/reward_models.md)", choices=("linear", "logratio"))
-    logratio_beta: float = opt(0.3, "heads=logratio: beta scaling the summed log-ratios", min=0.0)
-    steps: int = opt(300, "optimizer steps", min=1)
-    batch_size: int = opt(32, "responses per step", min=1)
-    lr: float = opt(1e-3, "learning rate", min=0.0)
-    loss_on_llm: bool = opt(False, "add the next-token loss on the sampled responses (BiRM's loss_on_llm)")
-    beta: float = opt(1.0, "score = V_last + beta * agg(R)", min=0.0)
-    agg: str = opt("mean", "aggregation of the reward head over steps", choices=("mean", "min", "max", "last"))
-    eval_prompts: int = opt(200, "held-out prompts for best-of-N and beam search", min=1)
-    best_of: int = opt(8, "N of best-of-N", min=1)
-    beam_width: int = opt(4, "step-level beam search: beams kept (0 = skip the search)", min=0)
-    beam_expand: int = opt(4, "step-level beam search: sampled steps per beam", min=1)
-
-
-@dataclass
-class ReplayConfig:
-    pool: str | None = opt(None, "RLEP experience replay: a pool JSONL from `credo rlep collect`; warm_start = "
-                           "collect it at the start of the run from the warm-started policy (RUN_DIR/replay_pool.jsonl); "
-                           "null = no replay")
-    num: int = opt(2, "replayed verified-correct answers added to each prompt's group (M; G' = group_size + M)",
-                   min=0)
-    fill_missing: bool = opt(False, "the reference code's behaviour: a prompt with fewer than M stored answers gets "
-                             "empty responses in the missing slots (scored as failures); false = the group holds "
-                             "only the answers that exist")
-    negative: int = opt(0, "negative replay: stored failed answers added to each group (needs a pool collected with "
-                        "replay.collect_negatives; the paper found no gain)", min=0)
-    refresh: bool = opt(False, "add the fresh samples the verifier accepts to the pool during training (the "
-                        "reference's dynamic_replay_exp; off: the pool is static)")
-    refresh_max: int = opt(16, "refresh: stored answers kept per prompt (the oldest go first)", min=1)
-    collect_samples: int = opt(16, "credo rlep collect: answers sampled per prompt (the paper: 64)", min=1)
-    collect_temperature: float = opt(0.7, "credo rlep collect: sampling temperature", min=0.0)
-    collect_top_p: float = opt(0.95, "credo rlep collect: nucleus mass", min=0.0, max=1.0)
-    collect_min_correct: int = opt(2, "credo rlep collect: a prompt is stored only with at least this many verified "
-                                   "answers", min=1)
-    collect_prompts: int | None = opt(None, "credo rlep collect: training prompts to sample (null = all)", min=1)
-    collect_negatives: bool = opt(False, "credo rlep collect: also store failed answers (for replay.negative)")
-
-
-@dataclass
-class VepoConfig:
-    enabled: bool = opt(False, "VEPO grounding-sensitive token selection: a second no-grad forward with the prompt's "
-                        "grounding span perturbed; score = Vis * H with Vis = jsd_weight JSD + gap_weight max(H_pert - "
-                        "H, 0); only the top_fraction tokens get gradient credit (docs/algorithms/vepo.md)")
-    top_fraction: float = opt(0.2, "share of the valid response tokens selected, k = ceil(fraction * n) (the 80/20 "
-                              "rule)", min=0.0, max=1.0)
-    jsd_weight: float = opt(1.0, "weight of the JSD between the intact and perturbed next-token distributions",
-                            min=0.0)
-    gap_weight: float = opt(1.0, "weight of the entropy gap max(H(perturbed) - H(intact), 0)", min=0.0)
-    normalize: str = opt("none", "divide each Vis term by its mean over the batch's / sequence's tokens before "
-                         "weighting (none = raw nats)", choices=("none", "batch", "sequence"))
-    perturb: str = opt("shuffle", "perturbation of the grounding spans: shuffle (permute the span characters), "
-                       "random, mask, or module:function (credo.methods.vepo.grounding)")
-    perturb_args: dict = opt(None, "perturbation keyword arguments, e.g. {fill: '#'} for mask", factory=dict)
-    scope: str = opt("batch", "rank tokens over the whole batch or within each sequence", choices=("batch", "sequence"))
-    apply: str = opt("mask", "mask = the selection multiplied into the loss mask; advantage_mask = advantages of "
-                     "unselected tokens zeroed (loss mask kept); reweight = advantages times score / mean score",
-                     choices=("mask", "advantage_mask", "reweight"))
-    max_weight: float = opt(3.0, "apply=reweight: cap of the per-token weights", min=0.0)
-
-
-@dataclass
-class AttnRLConfig:
-    enabled: bool = opt(False, "AttnRL tree rollouts: n = rollout.group_size samples per prompt, FCI step scores "
-                        "from the policy's attention, branch continuations from high-FCI steps, every root-to-leaf "
-                        "path one training row (pair with algo.advantage=attnrl; docs/algorithms/attnrl.md)")
-    num_splits: int = opt(2, "branch points per branched response (N)", min=1)
-    branch_samples: int = opt(2, "continuations sampled from each branch point (the released trainers' T = 2; "
-                              "the spec's text says one)", min=1)
-    quantile: float = opt(0.8, "branch candidates: steps whose FCI is >= this quantile of the response's scores",
-                          min=0.0, max=1.0)
-    ignore: int = opt(4, "FCI: a step's score sums the attention of the steps at least this many steps later "
-                      "(Delta)", min=0)
-    min_position: int = opt(512, "a branch point must start at least this many tokens into the sequence (prompt + "
-                            "response, as the reference measures it)", min=0)
-    min_gap: int = opt(512, "tokens between the spans of two branch steps of one response", min=0)
-    step_tokens: int = opt(0, "steps: 0 = cut after tokens containing a blank line (fallback a newline, fallback "
-                           "every token); k > 0 = fixed chunks of k tokens", min=0)
-    think_end: str | None = opt("</think>", "FCI is 0 from the step holding the last token that decodes to this "
-                                "marker on (null = off)")
-    budget: str = opt("exp", "responses branched per problem: exp = ceil(n exp(-accuracy)); uniform = all n",
-                      choices=("exp", "uniform"))
-    easy_filter: bool = opt(True, "all-correct problems are branched only if their mean FCI exceeds the running mean "
-                            "over all-correct problems, else dropped (mc_type=attention_based_filtering)")
-    filter_zero_std: bool = opt(True, "drop problems whose trained paths all have the same reward "
-                                "(filter_zero_std_adv_to_train)")
-    train_unbranched: bool = opt(False, "also train on responses that were not branched (the reference skips these "
-                                 "one-node paths; they still count in the root value)")
-    dynamic_batch: bool = opt(True, "adapt the prompts per step so that about valid_factor * prompts_per_step * "
-                              "group_size rows are trained per step")
-    valid_factor: float = opt(5.0, "dynamic batch: target trained rows = valid_factor * prompts_per_step * "
-                              "group_size", min=0.0)
-    batch_ema: float = opt(0.1, "dynamic batch: B <- ceil(batch_ema * floor(B * target / EMA(valid)) + (1 - "
-                           "batch_ema) * B)", min=0.0, max=1.0)
-    valid_ema: float = opt(1.0, "dynamic batch: EMA weight of the newest trained-row count (1 = the last step's)",
-                           min=0.0, max=1.0)
-    max_prompts: int | None = opt(None, "dynamic batch: upper bound on the prompts per step (null = none, as the "
-                                  "release)", min=1)
-    fci_micro_batch: int = opt(16, "sequences per attention forward of the FCI pass", min=1)
-
-
-@dataclass
 class RunConfig:
     seed: int = opt(0, "global seed")
     output_dir: str = opt("runs", "parent directory of run directories")
@@ -438,14 +282,12 @@ class RunConfig:
     algo: AlgoConfig = opt(None, factory=AlgoConfig)
     train: TrainConfig = opt(None, factory=TrainConfig)
     critic: CriticConfig = opt(None, factory=CriticConfig)
-    agent: AgentConfig = opt(None, factory=AgentConfig)
     warm_start: WarmStartConfig = opt(None, factory=WarmStartConfig)
     eval: EvalConfig = opt(None, factory=EvalConfig)
     checkpoint: CheckpointConfig = opt(None, factory=CheckpointConfig)
     log: LogConfig = opt(None, factory=LogConfig)
     distributed: DistributedConfig = opt(None, factory=DistributedConfig)
-    rm: RewardModelConfig = opt(None, factory=RewardModelConfig)
-    birm: BiRMConfig = opt(None, factory=BiRMConfig)
-    attnrl: AttnRLConfig = opt(None, factory=AttnRLConfig)
-    replay: ReplayConfig = opt(None, factory=ReplayConfig)
-    vepo: VepoConfig = opt(None, factory=VepoConfig)
+    token_select: Any = choice("none", TOKEN_SELECTORS, "which response tokens the policy loss credits: none = all, "
+                               "entropy = the top-entropy forking tokens, vepo = VEPO's grounding-sensitive ones")
+    replay: ReplayConfig | None = opt(None, "RLEP experience replay (credo.methods.rlep): null = off, or a section "
+                                      "with replay.pool")

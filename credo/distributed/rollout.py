@@ -5,7 +5,7 @@ its prompts (``rank``, ``rank + world_size``, ...); the ranks then exchange thei
 every rank trains on the same whole batch (groups in rank order, ids renumbered). Generation and reward work
 divide by the number of ranks; the sampled tokens differ from a one-process run's (each rank's sampler stream
 covers only its prompts), so this mode is compared with the single process statistically, not token by token.
-Dynamic sampling (``algo.filter_groups``) and agent episodes keep replicated rollouts.
+Group filtering (``rollout.collector.filter_groups``) and agent episodes keep replicated rollouts.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def gather_rollouts(rollouts: Rollouts, dp: DataParallel) -> Rollouts:
         results += rs
         offset += max((t.group_id for t in ts), default=-1) + 1
     metrics = {**rollouts.metrics, **rollout_metrics(trajs, results), "dist/local_sequences": len(rollouts.trajs)}
-    return Rollouts(trajs, results, metrics)
+    return Rollouts(trajs, results, metrics, sampling=rollouts.sampling)
 
 
 def from_leader(dp: DataParallel, leader_only: bool, fn: Callable[[], T]) -> T:

@@ -51,57 +51,94 @@ def _instance_id(body: dict[str, Any]) -> int:
     return _int_field(body.get("id", body.get("env_idx")), "id")
 
 
+class _Pool:
+    """The live instances of one environment: at most ``max_instances`` (creating one more closes the oldest),
+    their ids and the server's counters. ``lock`` guards the pool; it is never held while waiting for an
+    instance's own lock."""
+
+    def __init__(self, env_name: str, params: dict[str, Any], max_instances: int):
+        self.env_name, self.params, self.max_instances = env_name, params, max_instances
+        self.instances: OrderedDict[int, _Instance] = OrderedDict()
+        self.lock = threading.Lock()
+        self.counter = itertools.count()
+        self.counts = {"created": 0, "steps": 0}
+
+    def get(self, env_id: int) -> _Instance:
+        """The live instance ``env_id``, else a 404."""
+        from fastapi import HTTPException
+
+        with self.lock:
+            if env_id not in self.instances:
+                raise HTTPException(status_code=404, detail=f"no environment instance {env_id}")
+            return self.instances[env_id]
+
+    def create(self) -> int:
+        """A new instance's id; the oldest instances beyond ``max_instances`` are closed."""
+        env = make_env(self.env_name, **self.params)
+        with self.lock:
+            env_id = next(self.counter)
+            self.instances[env_id] = _Instance(env)
+            self.counts["created"] += 1
+            evicted = [self.instances.popitem(last=False)[1] for _ in range(len(self.instances) - self.max_instances)]
+        for old in evicted:
+            with old.lock:
+                old.env.close()
+        return env_id
+
+    def close(self, env_id: int) -> None:
+        inst = self.get(env_id)
+        with self.lock:
+            self.instances.pop(env_id, None)
+        with inst.lock:
+            inst.env.close()
+
+    def count_step(self) -> None:
+        with self.lock:
+            self.counts["steps"] += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {"env": self.env_name, "live": len(self.instances), **self.counts}
+
+
 def create_app(env_name: str, *, max_instances: int = 4096, token: str | None = None, **params: Any):
     """The FastAPI app serving ``env_name``; bad ``params`` raise ValueError here, before anything is served."""
-    from fastapi import FastAPI, HTTPException
+    from fastapi import FastAPI
 
     make_env(env_name, **check_env_params(env_name, params)).close()  # a probe: constructor range checks
     app = FastAPI(title=f"credo env: {env_name}")
     install_bearer_auth(app, token)
-    instances: OrderedDict[int, _Instance] = OrderedDict()
-    lock = threading.Lock()  # guards `instances`, `counter` and `stats`; never taken while waiting for an instance
-    counter = itertools.count()
-    stats = {"created": 0, "steps": 0}
+    _add_routes(app, _Pool(env_name, params, max_instances))
+    return app
 
-    def get(env_id: int) -> _Instance:
-        with lock:
-            if env_id not in instances:
-                raise HTTPException(status_code=404, detail=f"no environment instance {env_id}")
-            return instances[env_id]
+
+def _add_routes(app, pool: _Pool) -> None:
+    """The AgentGym routes (and /stats) over ``pool``."""
+    from fastapi import HTTPException
 
     @app.post("/create")
     def create() -> dict[str, int]:
-        env = make_env(env_name, **params)
-        with lock:
-            env_id = next(counter)
-            instances[env_id] = _Instance(env)
-            stats["created"] += 1
-            evicted = [instances.popitem(last=False)[1] for _ in range(len(instances) - max_instances)]
-        for old in evicted:
-            with old.lock:
-                old.env.close()
-        return {"id": env_id}
+        return {"id": pool.create()}
 
     @app.post("/reset")
     def reset(body: dict[str, Any]) -> dict[str, Any]:
         env_id = _instance_id(body)
         task_id = _int_field(body.get("data_idx", body.get("item_id", 0)), "data_idx")
-        inst = get(env_id)
+        inst = pool.get(env_id)
         with inst.lock:
             inst.observation = inst.env.reset(task_id)
             return {"id": env_id, "observation": inst.observation}
 
     @app.post("/step")
     def step(body: dict[str, Any]) -> dict[str, Any]:
-        inst = get(_instance_id(body))
+        inst = pool.get(_instance_id(body))
         action = body.get("action", "")
         if not isinstance(action, str):
             raise HTTPException(status_code=422, detail=f"action must be a string, got {type(action).__name__}")
         with inst.lock:
             result = inst.env.step(action)
             inst.observation = result.observation
-        with lock:
-            stats["steps"] += 1
+        pool.count_step()
         return {"observation": result.observation, "reward": result.reward, "done": result.done, "info": result.info}
 
     @app.get("/observation")
@@ -109,24 +146,16 @@ def create_app(env_name: str, *, max_instances: int = 4096, token: str | None = 
         text = id if id is not None else env_idx
         if text is None or not re.fullmatch(r"-?[0-9]{1,18}", text):
             raise HTTPException(status_code=422, detail=f"id (or env_idx) must be an integer, got {text!r:.80}")
-        return {"observation": get(int(text)).observation}
+        return {"observation": pool.get(int(text)).observation}
 
     @app.post("/close")
     def close(body: dict[str, Any]) -> dict[str, bool]:
-        env_id = _instance_id(body)
-        inst = get(env_id)
-        with lock:
-            instances.pop(env_id, None)
-        with inst.lock:
-            inst.env.close()
+        pool.close(_instance_id(body))
         return {"closed": True}
 
     @app.get("/stats")
     def get_stats() -> dict[str, Any]:
-        with lock:
-            return {"env": env_name, "live": len(instances), **stats}
-
-    return app
+        return pool.stats()
 
 
 def serve(env_name: str, *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,

@@ -150,8 +150,8 @@ def injected_faults(cfg: RunConfig, kind: str) -> dict[int, int]:
 
 
 def load_data(cfg: RunConfig, seed: int) -> TaskData:
-    """Environment tasks when ``agent.envs`` is set, else the single-turn task of ``task``."""
-    if cfg.agent.envs or cfg.agent.stages:
+    """Environment tasks for the agent collector, else the single-turn task of ``task``."""
+    if cfg.rollout.collector.type == "agent":
         from credo.collect.agent import agent_task_data
 
         return agent_task_data(cfg, seed)

@@ -6,8 +6,11 @@ import torch
 from credo.types import Example, RewardResult, TrainBatch, Trajectory
 
 
-def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int) -> TrainBatch:
-    """Left-pad prompts to P, right-pad responses to T (see :class:`TrainBatch` for the layout)."""
+def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int, temperature: float = 1.0
+            ) -> TrainBatch:
+    """Left-pad prompts to P, right-pad responses to T (see :class:`TrainBatch` for the layout). The batch records
+    how it was sampled: ``temperature`` (the rollouts' sampling temperature) and ``sampled``, False for the rows
+    the engine did not generate (``info["replay"]``: answers replayed from a pool)."""
     if len(trajs) != len(rewards):
         raise ValueError(f"{len(trajs)} trajectories but {len(rewards)} rewards")
     batch = len(trajs)
@@ -32,7 +35,8 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
         input_ids=input_ids, attention_mask=attention, position_ids=positions, responses=responses,
         response_mask=mask, prompt_len=plen, rollout_logprobs=rollout_lp,
         scores=torch.tensor([r.score for r in rewards], dtype=torch.float32),
-        group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
+        group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long), temperature=temperature,
+        sampled=torch.tensor(["replay" not in t.info for t in trajs], dtype=torch.bool),
     )
 
 

@@ -29,13 +29,14 @@ from safetensors.torch import load_file, save_file
 
 from credo.methods.attnrl.algo import Tree, TreePath
 from credo.collect.group import Rollouts
-from credo.types import Example, RewardResult, Trajectory
+from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 JSON_FILE = "trainer_state.json"
 TENSOR_FILE = "trainer_state.safetensors"
 FORMAT = "credo-trainer-state/1"
 TAG = "$type"
-DATACLASSES: dict[str, type] = {c.__name__: c for c in (Rollouts, Trajectory, RewardResult, Example, Tree, TreePath)}
+DATACLASSES: dict[str, type] = {c.__name__: c for c in (Rollouts, Trajectory, RewardResult, Example, Tree, TreePath,
+                                                         SamplingParams)}
 NUMPY_KINDS = "biuf"  # bool, signed, unsigned, float: the numpy dtypes an array or scalar may have
 
 

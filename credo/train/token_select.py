@@ -1,41 +1,77 @@
-"""Which response tokens the policy loss credits: all of them, the top-q entropy "forking" tokens
-(``algo.top_entropy_quantile``), or VEPO's grounding-sensitive ones (``vepo.enabled``, :mod:`credo.methods.vepo.select`)."""
+"""The token-selector seam: which response tokens the policy loss credits.
+
+    selector = build_token_selector(cfg, ...)                       # credo.recipes.stages, from ``token_select``
+    policy_batch = selector.select(batch, trajs, metrics, timer, step=step)   # after the advantages
+
+Built-ins: :class:`AllTokens` (``type: none``), :class:`EntropySelector` (``type: entropy``: the top-q entropy
+"forking tokens") and VEPO's grounding-sensitive tokens (``type: vepo``,
+:class:`credo.methods.vepo.select.VepoSelector`). ``needs`` declares what the step must provide.
+"""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from credo.config import RunConfig
-from credo.train.forward import ForwardOptions
-from credo.methods.vepo.grounding import prompt_offset
 from credo.train.stats import Timer
-from credo.methods.vepo.select import vepo_step
-from credo.types import TrainBatch
+from credo.types import TrainBatch, Trajectory
 
 
-def select_tokens(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> TrainBatch:
-    """Restrict the policy loss to the top-q entropy tokens ("forking tokens") when configured."""
-    q = cfg.algo.top_entropy_quantile
-    if q >= 1.0:
+@dataclass(frozen=True)
+class SelectorNeeds:
+    """What the step needs for the selection."""
+
+    # the separate old-log-prob pass: the selection reads its entropy, or is made from the behaviour policy before
+    # the update (so the pass cannot be fused into the update)
+    old_logprob_pass: bool = False
+
+
+class TokenSelector(Protocol):
+    needs: SelectorNeeds
+
+    def select(self, batch: TrainBatch, trajs: list[Trajectory], metrics: dict, timer: Timer, *,
+               step: int) -> TrainBatch:
+        """The batch the policy update sees (its loss mask or advantages restricted); adds its metrics."""
+
+
+class AllTokens:
+    """``token_select.type=none``: every response token keeps its loss."""
+
+    needs = SelectorNeeds()
+
+    def select(self, batch: TrainBatch, trajs, metrics: dict, timer: Timer, *, step: int) -> TrainBatch:
+        return batch
+
+
+@dataclass(frozen=True)
+class EntropySelector:
+    """``token_select.type=entropy``: the loss on the top-``quantile`` tokens by entropy only."""
+
+    quantile: float
+
+    @property
+    def needs(self) -> SelectorNeeds:
+        return SelectorNeeds(old_logprob_pass=self.quantile < 1.0)  # 1.0 keeps every token (nothing to read)
+
+    def select(self, batch: TrainBatch, trajs, metrics: dict, timer: Timer, *, step: int) -> TrainBatch:
+        return top_entropy_tokens(batch, self.quantile, metrics)
+
+
+def top_entropy_tokens(batch: TrainBatch, quantile: float, metrics: dict) -> TrainBatch:
+    """Restrict the policy loss to the top-``quantile`` entropy tokens ("forking tokens"; 1.0 = all of them), from
+    the old-log-prob pass's ``batch.entropy``; ``token_select/frac`` is the share kept."""
+    if quantile >= 1.0:
         return batch
     valid = batch.response_mask.bool()
-    threshold = torch.quantile(batch.entropy[valid].double(), 1.0 - q) if valid.any() else 0.0
+    threshold = torch.quantile(batch.entropy[valid].double(), 1.0 - quantile) if valid.any() else 0.0
     keep = valid & (batch.entropy >= threshold)
     metrics["token_select/frac"] = float(keep.sum()) / max(float(valid.sum()), 1.0)
     return dataclasses.replace(batch, response_mask=keep.float())
 
 
-def vepo_select(cfg: RunConfig, model, tokenizer, batch: TrainBatch, trajs, metrics: dict, timer: Timer, *,
-                step: int) -> TrainBatch:
-    """VEPO (``vepo.enabled``): gradient credit only for the grounding-sensitive tokens, from a second no-grad
-    forward with each prompt's grounding span perturbed (credo.methods.vepo.select)."""
-    if not cfg.vepo.enabled:
-        return batch
-    with timer("vepo"):
-        offset = prompt_offset(cfg.task.prompt_template, chat=cfg.task.chat_template, tokenizer=tokenizer)
-        out, vepo_metrics = vepo_step(cfg.vepo, model, tokenizer, batch, trajs, seed=cfg.seed, step=step,
-                                      temperature=cfg.rollout.temperature, micro_batch_size=cfg.train.micro_batch_size,
-                                      opts=ForwardOptions.of(cfg), offset=offset)
-    metrics.update(vepo_metrics)
-    return out
+def select_tokens(cfg, batch: TrainBatch, metrics: dict) -> TrainBatch:
+    """The entropy selection ``cfg.token_select`` configures (the batch itself unless ``type: entropy``)."""
+    t = cfg.token_select
+    return top_entropy_tokens(batch, t.quantile, metrics) if t.type == "entropy" else batch

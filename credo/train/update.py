@@ -4,8 +4,15 @@ Each mini-batch's aggregation normalisers are computed once (:class:`AggNorm`), 
 micro-batch losses equal the mini-batch loss whatever the micro-batch size (gradient accumulation
 is exact). Mini-batch membership is shuffled reproducibly per (seed, step, epoch) when there is
 more than one mini-batch.
+
+The loops read small option objects (:class:`UpdateOptions` and its parts, each built from a run's config by
+its ``of`` classmethod), not the whole config; the sampling temperature comes with the batch
+(``TrainBatch.temperature``).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -13,7 +20,6 @@ from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, poli
                         policy_loss_requirements)
 from credo.algo.critic import compute_critic_loss
 from credo.algo.rollout_correction import rollout_is_weights
-from credo.config import RunConfig
 from credo.distributed.data_parallel import LOCAL, DataParallel
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_outputs, trim
 from credo.train.optim import clip_and_step
@@ -21,30 +27,112 @@ from credo.train.stats import MetricAccumulator
 from credo.types import TrainBatch
 
 
-def minibatches(cfg: RunConfig, batch: TrainBatch, *, step: int):
+@dataclass(frozen=True)
+class LossSpec:
+    """The policy loss and the terms added to it (``algo.*``), and what its aggregation divides by
+    (``loss_scale_factor``, else ``max_new_tokens``: :func:`loss_scale`)."""
+
+    policy_loss: str
+    agg: str
+    kl_coef: float
+    kl_estimator: str
+    kl_in_reward: bool
+    entropy_coef: float
+    sft_coef: float
+    sft_correct_score: float
+    rollout_correction: str
+    rollout_is_low: float | None
+    rollout_is_high: float
+    loss_scale_factor: float | None
+    max_new_tokens: int
+    policy_loss_args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg) -> "LossSpec":
+        a = cfg.algo
+        return cls(policy_loss=a.policy_loss, agg=a.agg, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
+                   kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, sft_coef=a.sft_coef,
+                   sft_correct_score=a.sft_correct_score, rollout_correction=a.rollout_correction,
+                   rollout_is_low=a.rollout_is_low, rollout_is_high=a.rollout_is_high,
+                   loss_scale_factor=a.loss_scale_factor, max_new_tokens=cfg.rollout.max_new_tokens,
+                   policy_loss_args=dict(a.policy_loss_args))
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How an update walks a batch (``train.*``): epochs, mini-batches (one optimizer step each, shuffled from
+    ``seed``) and micro-batches (one forward and backward each: ``micro_batch_size`` rows, or at most
+    ``micro_batch_tokens`` tokens)."""
+
+    ppo_epochs: int = 1
+    mini_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    micro_batch_tokens: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def of(cls, cfg) -> "Batching":
+        t = cfg.train
+        return cls(ppo_epochs=t.ppo_epochs, mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
+                   micro_batch_tokens=t.micro_batch_tokens, seed=cfg.seed)
+
+
+@dataclass(frozen=True)
+class CriticLossSpec:
+    """The critic's loss (``critic.loss`` with its ``loss_args``) and its max gradient norm (0 = off)."""
+
+    loss: str
+    grad_clip: float
+    loss_args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg) -> "CriticLossSpec":
+        c = cfg.critic
+        return cls(loss=c.loss, grad_clip=c.grad_clip, loss_args=dict(c.loss_args))
+
+
+@dataclass(frozen=True)
+class UpdateOptions:
+    """Everything :func:`update_policy` and :func:`update_critic` read."""
+
+    loss: LossSpec
+    batching: Batching
+    critic: CriticLossSpec
+    forward: ForwardOptions
+    grad_clip: float  # the policy's max gradient norm (0 = off)
+    skip_zero_advantage: bool
+
+    @classmethod
+    def of(cls, cfg) -> "UpdateOptions":
+        return cls(loss=LossSpec.of(cfg), batching=Batching.of(cfg), critic=CriticLossSpec.of(cfg),
+                   forward=ForwardOptions.of(cfg), grad_clip=cfg.train.grad_clip,
+                   skip_zero_advantage=cfg.train.skip_zero_advantage)
+
+
+def minibatches(b: Batching, batch: TrainBatch, *, step: int):
     """Yield every PPO epoch's mini-batches."""
-    t = cfg.train
     size = batch.batch_size
-    mini = min(t.mini_batch_size or size, size)
-    for epoch in range(t.ppo_epochs):
+    mini = min(b.mini_batch_size or size, size)
+    for epoch in range(b.ppo_epochs):
         order = torch.arange(size)
         if mini < size:
-            order = torch.randperm(size, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch))
+            seed = b.seed * 1_000_003 + step * 101 + epoch
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(seed))
         for rows in order.split(mini):
             yield batch.select(rows)
 
 
-def split_micro(cfg: RunConfig, mb: TrainBatch) -> list[TrainBatch]:
-    t = cfg.train
-    return [trim(m) for m in micro_batches(mb, size=t.micro_batch_size, tokens=t.micro_batch_tokens)]
+def split_micro(b: Batching, mb: TrainBatch) -> list[TrainBatch]:
+    """A mini-batch's micro-batches, each trimmed of the columns that are padding in all its rows."""
+    return [trim(m) for m in micro_batches(mb, size=b.micro_batch_size, tokens=b.micro_batch_tokens)]
 
 
-def zero_advantage_rows_inert(cfg: RunConfig) -> bool:
+def zero_advantage_rows_inert(opts: UpdateOptions) -> bool:
     """Whether rows whose advantages are all zero may leave the update: the policy loss declares them inert
     (zero loss and gradient, no coupling to other rows) and no other term (KL loss, entropy bonus, SFT on
     correct responses) gives them a gradient."""
-    a = cfg.algo
-    return (cfg.train.skip_zero_advantage and policy_loss_inert(a.policy_loss, a.policy_loss_args)
+    a = opts.loss
+    return (opts.skip_zero_advantage and policy_loss_inert(a.policy_loss, a.policy_loss_args)
             and (a.kl_coef == 0 or a.kl_in_reward) and a.entropy_coef == 0 and a.sft_coef == 0)
 
 
@@ -53,7 +141,7 @@ def live_rows(mb: TrainBatch) -> torch.Tensor:
     return ((mb.advantages != 0) & mb.response_mask.bool()).any(-1)
 
 
-def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler, *, step: int,
+def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, scheduler, *, step: int,
                   dp: DataParallel = LOCAL) -> dict[str, float]:
     """PPO epochs over mini-batches (one optimizer step each) of micro-batches.
 
@@ -63,12 +151,12 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
     rank runs its rows of every mini-batch and the gradients are summed before the step
     (:mod:`credo.distributed.data_parallel`); losses are summed over ranks, token-weighted metrics are this
     rank's."""
-    a = cfg.algo
+    a = opts.loss
     acc = MetricAccumulator()
     model.train()
-    scale = loss_scale(cfg)
-    skip = zero_advantage_rows_inert(cfg)
-    for mb in minibatches(cfg, batch, step=step):
+    scale = loss_scale(a)
+    skip = zero_advantage_rows_inert(opts)
+    for mb in minibatches(opts.batching, batch, step=step):
         norm = AggNorm.of(mb.response_mask, scale)  # the whole mini-batch's counts, on every rank
         correct = correct_mask(mb, a.sft_correct_score) if a.sft_coef > 0 else None
         sft_norm = AggNorm.of(correct, scale) if correct is not None else None
@@ -76,16 +164,16 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
         local = dp.shard(mb)
         live = live_rows(local) if skip else torch.ones(local.batch_size, dtype=torch.bool)
         losses: dict[str, float] = {}
-        micros = split_micro(cfg, local if bool(live.all()) else local.select(live.nonzero().flatten())) \
+        micros = split_micro(opts.batching, local if bool(live.all()) else local.select(live.nonzero().flatten())) \
             if bool(live.any()) else []
         factor = dp.backward_factor(model)
         # FSDP2: each backward is a collective, so a rank with fewer micro-batches runs zero-weighted ones along
         rounds = dp.max_over_ranks(len(micros)) if dp.lockstep(model) else len(micros)
         for i in range(rounds):
             if i >= len(micros):
-                idle_backward(cfg, model, mb, norm, sft_norm)
+                idle_backward(a, model, mb, norm, sft_norm, forward=opts.forward)
                 continue
-            loss, per_update, weighted = actor_loss(cfg, model, micros[i], norm, sft_norm)
+            loss, per_update, weighted = actor_loss(a, model, micros[i], norm, sft_norm, forward=opts.forward)
             (loss * factor).backward()  # factor 1.0 (exact) unless FSDP2 averages the gradients
             for k, v in per_update.items():
                 losses[k] = losses.get(k, 0.0) + v
@@ -93,17 +181,18 @@ def update_policy(cfg: RunConfig, model, batch: TrainBatch, optimizer, scheduler
         zero_missing_grads(model)
         dp.reduce_grads(model)
         acc.add_per_update(dp.sum_scalars(losses))
-        grad_norm = clip_and_step(model, optimizer, scheduler, cfg.train.grad_clip)
+        grad_norm = clip_and_step(model, optimizer, scheduler, opts.grad_clip)
         acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr,
                             "actor/skipped_rows_frac": 1.0 - float(live.float().mean()) if len(live) else 1.0})
         acc.end_update()
     return acc.result()
 
 
-def idle_backward(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None) -> None:
+def idle_backward(spec: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None, *,
+                  forward: ForwardOptions) -> None:
     """A zero-weighted forward and backward (of the mini-batch's first row): no gradient, but the same collectives
     as a real micro-batch, for a sharded policy whose rank has run out of rows."""
-    loss, _, _ = actor_loss(cfg, model, trim(mb.select(torch.tensor([0]))), norm, sft_norm)
+    loss, _, _ = actor_loss(spec, model, trim(mb.select(torch.tensor([0]))), norm, sft_norm, forward=forward)
     (loss * 0.0).backward()
 
 
@@ -114,10 +203,10 @@ def zero_missing_grads(model) -> None:
             p.grad = torch.zeros_like(p)
 
 
-def loss_scale(cfg: RunConfig) -> float:
+def loss_scale(spec: LossSpec) -> float:
     """Constant divisor of seq-mean-token-sum-norm: algo.loss_scale_factor, else the response length cap
     (verl pads responses to max_response_length, so its default is constant across steps too)."""
-    return cfg.algo.loss_scale_factor or float(cfg.rollout.max_new_tokens)
+    return spec.loss_scale_factor or float(spec.max_new_tokens)
 
 
 def correct_mask(batch: TrainBatch, correct_score: float) -> torch.Tensor:
@@ -125,15 +214,16 @@ def correct_mask(batch: TrainBatch, correct_score: float) -> torch.Tensor:
     return batch.response_mask * (batch.scores == correct_score).float().unsqueeze(-1)
 
 
-def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None):
+def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None, *,
+               forward: ForwardOptions):
     """Policy loss (+ KL loss, - entropy bonus, + SFT on correct responses) of one micro-batch,
-    as its share of the mini-batch loss. Returns (loss, per-update metrics, token-weighted metrics)."""
-    a = cfg.algo
+    as its share of the mini-batch loss; log-probs at the temperature the batch was sampled at.
+    Returns (loss, per-update metrics, token-weighted metrics)."""
     fused = mb.old_logprobs is None  # no separate old-log-prob pass: on-policy, old = current (detached)
     needs_entropy = fused or a.entropy_coef != 0 or "entropy" in policy_loss_requirements(a.policy_loss,
                                                                                           a.policy_loss_args)
-    logprobs, entropy = policy_logprobs(model, mb, temperature=cfg.rollout.temperature, with_entropy=needs_entropy,
-                                        opts=ForwardOptions.of(cfg))
+    logprobs, entropy = policy_logprobs(model, mb, temperature=mb.temperature, with_entropy=needs_entropy,
+                                        opts=forward)
     mask = mb.response_mask
     old_logprobs = logprobs.detach() if fused else mb.old_logprobs
     weights, corr_metrics = None, {}
@@ -167,24 +257,24 @@ def actor_loss(cfg: RunConfig, model, mb: TrainBatch, norm: AggNorm, sft_norm: A
     return loss, per_update, weighted
 
 
-def update_critic(cfg: RunConfig, critic, batch: TrainBatch, optimizer, scheduler, *, step: int,
+def update_critic(opts: UpdateOptions, critic, batch: TrainBatch, optimizer, scheduler, *, step: int,
                   dp: DataParallel = LOCAL) -> dict[str, float]:
     """The configured critic loss (``critic.loss``: clipped value regression on ``batch.returns`` by default;
     :mod:`credo.algo.critic`), same batching as the policy (and the same data-parallel split: this rank's rows,
     gradients summed over ranks)."""
-    c = cfg.critic
+    c = opts.critic
     acc = MetricAccumulator()
     critic.train()
-    for mb in minibatches(cfg, batch, step=step):
-        norm = AggNorm.of(mb.response_mask, loss_scale(cfg))
+    for mb in minibatches(opts.batching, batch, step=step):
+        norm = AggNorm.of(mb.response_mask, loss_scale(opts.loss))
         losses: dict[str, float] = {}
-        for micro in split_micro(cfg, dp.shard(mb)):
+        for micro in split_micro(opts.batching, dp.shard(mb)):
             out = response_outputs(critic, micro)
             inputs = {"values": out.values, "quantiles": out.quantiles, "kl": out.kl, "aux": out.aux,
                       "old_values": micro.values, "returns": micro.returns,
                       "return_quantiles": micro.return_quantiles, "ref_entropy": micro.ref_entropy,
                       "ref_logprobs": micro.ref_logprobs}
-            loss = compute_critic_loss(c.loss, response_mask=micro.response_mask, agg=cfg.algo.agg, norm=norm,
+            loss = compute_critic_loss(c.loss, response_mask=micro.response_mask, agg=opts.loss.agg, norm=norm,
                                        inputs=inputs, **c.loss_args)
             loss.loss.backward()
             losses["critic/vf_loss"] = losses.get("critic/vf_loss", 0.0) + float(loss.loss.detach())

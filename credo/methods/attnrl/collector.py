@@ -14,18 +14,20 @@ One step (:func:`collect_tree_rollouts`):
    continuation a leaf under the segment that ends at its branch point. Every root-to-leaf path through a branched
    response is one training row (shared prefixes duplicated; the row's ``info["tree_path"]`` is its
    :class:`~credo.methods.attnrl.algo.TreePath`); responses without a branch are leaves that count in the root's value but
-   are not trained (``attnrl.train_unbranched`` trains them too);
-6. problems whose trained paths all have one reward are dropped (``attnrl.filter_zero_std``);
+   are not trained (``train_unbranched`` trains them too);
+6. problems whose trained paths all have one reward are dropped (``filter_zero_std``);
 7. the dynamic batch size for the next step from the number of trained rows.
 
-``state`` (a dict saved in the checkpoint with the run state) carries the running FCI mean, the EMA of trained
-rows and the next batch size.
+``state`` (a dict: :class:`TreeCollector`'s state, saved in every checkpoint) carries the running FCI mean, the EMA
+of trained rows and the next batch size.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -43,6 +45,7 @@ from credo.methods.attnrl.algo import (
 )
 from credo.rewards.shaping import overlong_penalty
 from credo.methods.attnrl.fci import fci_forward
+from credo.collect.base import CollectorNeeds
 from credo.collect.group import Rollouts, StreamingScorer
 from credo.train.stats import rollout_metrics
 from credo.types import RewardResult, SamplingParams, Trajectory
@@ -79,7 +82,7 @@ class Branch:
 def collect_tree_rollouts(cfg, engine, runner, sampler, model, tokenizer, *, state: dict[str, Any], step: int,
                           timer=None) -> Rollouts:
     """One step's AttnRL rollouts (module docstring); ``model`` runs the FCI pass (the policy that sampled)."""
-    a, timer = cfg.attnrl, timer or _NullTimer()
+    a, timer = cfg.rollout.collector, timer or _NullTimer()
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens)
     n, prompts = cfg.rollout.group_size, int(state.get("batch_size") or cfg.train.prompts_per_step)
@@ -103,7 +106,39 @@ def collect_tree_rollouts(cfg, engine, runner, sampler, model, tokenizer, *, sta
     metrics = rollout_metrics(trajs + [b.traj for b in branches], results + [b.result for b in branches])
     metrics.update(tree_metrics(problems, branches, trees, out_trajs, dropped_easy, dropped_zero, prompts))
     metrics.update(update_batch_size(cfg, state, prompts, len(out_trajs)))
-    return Rollouts(out_trajs, out_results, metrics)
+    return Rollouts(out_trajs, out_results, metrics, sampling=sampling)
+
+
+class TreeCollector:
+    """AttnRL's collection (``rollout.collector.type=tree``): :func:`collect_tree_rollouts` each step, the FCI pass
+    on the policy that sampled (:func:`fci_model`). Its running state (dynamic batch size, running FCI mean) is
+    saved with the sampler's under ``"attnrl"`` (the key a checkpoint's run state held it under before)."""
+
+    needs = CollectorNeeds()
+
+    def __init__(self, cfg, engine, runner_for: Callable[[int], Any], sampler, policy, tokenizer) -> None:
+        self.cfg, self.engine, self.runner_for, self.sampler = cfg, engine, runner_for, sampler
+        self.policy, self.tokenizer = policy, tokenizer
+        self.state: dict[str, Any] = {}
+
+    def start(self, run_dir: Path) -> None:
+        """Nothing to prepare before the first step."""
+
+    def collect(self, step: int, timer) -> Rollouts:
+        model = fci_model(self.engine, self.policy, one_step_off=self.cfg.rollout.one_step_off)
+        return collect_tree_rollouts(self.cfg, self.engine, self.runner_for(step), self.sampler, model,
+                                     self.tokenizer, state=self.state, step=step, timer=timer)
+
+    def rewards(self, batch, trajs):
+        """The leaf rewards, (B,) (the estimator reads the trees from ``info["tree_path"]``)."""
+        return batch.scores
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "attnrl": copy.deepcopy(self.state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.state = dict(state.get("attnrl") or {})
 
 
 # ----------------------------------------------------------------------------- FCI and branch points
@@ -235,8 +270,8 @@ def filter_trees(trees: dict[int, list[tuple[Trajectory, RewardResult]]], zero_s
 # ----------------------------------------------------------------------------- dynamic batch size and metrics
 
 def update_batch_size(cfg, state: dict[str, Any], prompts: int, valid: int) -> dict[str, float]:
-    """Record this step's trained rows and set the next step's prompt count (``attnrl.dynamic_batch``)."""
-    a = cfg.attnrl
+    """Record this step's trained rows and set the next step's prompt count (``dynamic_batch``)."""
+    a = cfg.rollout.collector
     state["valid_ema"] = ema(state.get("valid_ema"), float(valid), a.valid_ema)
     nxt = prompts
     if a.dynamic_batch:
@@ -321,4 +356,5 @@ class _NullTimer:
         return contextlib.nullcontext()
 
 
-__all__ = ["Branch", "Problem", "build_trees", "collect_tree_rollouts", "fci_model", "filter_trees", "plan_branches"]
+__all__ = ["Branch", "Problem", "TreeCollector", "build_trees", "collect_tree_rollouts", "fci_model", "filter_trees",
+           "plan_branches"]

@@ -19,6 +19,7 @@ from credo.models import load_model
 from credo.recipes.common import reward_runner, seed_everything
 from credo.rollout import HFRolloutEngine
 from credo.tracking.progress import StepProgress
+from credo.methods.rlep.config import ReplayConfig
 from credo.methods.rlep.pool import ReplayOptions, ReplayPool, collect_pool, mix_replay, refresh_entries, step_rng
 from credo.types import SamplingParams
 
@@ -27,15 +28,20 @@ log = logging.getLogger(__name__)
 POOL_FILE = "replay_pool.jsonl"  # in the run directory, for replay.pool=warm_start
 
 
+def collect_settings(cfg: RunConfig) -> ReplayConfig:
+    """The ``replay`` section's ``collect_*`` keys (their defaults when the config has replay off)."""
+    return cfg.replay if cfg.replay is not None else ReplayConfig()
+
+
 def collect_sampling(cfg: RunConfig) -> SamplingParams:
-    r = cfg.replay
+    r = collect_settings(cfg)
     return SamplingParams(temperature=r.collect_temperature, top_p=r.collect_top_p,
                           max_new_tokens=cfg.rollout.max_new_tokens)
 
 
 def collect_into(cfg: RunConfig, engine, runner, examples, out: Path, source: dict) -> dict:
     """Collect a pool from ``engine``'s policy over ``examples`` into ``out`` (JSONL) and ``out``.summary.json."""
-    r = cfg.replay
+    r = collect_settings(cfg)
     examples = examples[: r.collect_prompts] if r.collect_prompts else examples
     t0 = time.perf_counter()
     with StepProgress("rlep collect (prompts)", len(examples), enabled=cfg.log.progress,
@@ -80,7 +86,7 @@ def open_replay(cfg: RunConfig, run_dir: Path) -> ReplayPool | None:
     """The run's pool: ``replay.pool``'s file, or the run's own for ``warm_start`` (None before it is collected,
     and when replay is off)."""
     r = cfg.replay
-    if r.pool is None:
+    if r is None or r.pool is None:
         return None
     path = run_dir / POOL_FILE if r.pool == "warm_start" else Path(r.pool)
     if r.pool == "warm_start" and not path.is_file():

@@ -26,6 +26,8 @@ from credo.train.forward import (ForwardOptions, _lm_head, _pad_to, _scatter, in
                                  response_logits, trim)
 from credo.methods.vepo.grounding import example_spans, get_perturbation, perturbation_rng
 from credo.train.packing import valid_responses
+from credo.train.stats import Timer
+from credo.train.token_select import SelectorNeeds
 from credo.types import RewardResult, TrainBatch, Trajectory
 
 
@@ -165,8 +167,8 @@ def selection_metrics(stats: GroundingStats, sel: Selection, mask: torch.Tensor,
 def vepo_step(v, model, tokenizer, batch: TrainBatch, trajs: list[Trajectory], *, seed: int, step: int,
               temperature: float, micro_batch_size: int | None, opts: ForwardOptions,
               offset: int = 0) -> tuple[TrainBatch, dict[str, float]]:
-    """The batch the policy update sees under VEPO config ``v`` (a :class:`credo.config.schema.VepoConfig`), and the
-    step's ``vepo/*`` metrics."""
+    """The batch the policy update sees under VEPO config ``v`` (a
+    :class:`credo.methods.vepo.config.VepoSelectConfig`), and the step's ``vepo/*`` metrics."""
     prompts = perturbed_prompts(trajs, perturb=v.perturb, perturb_args=v.perturb_args, seed=seed, step=step,
                                 offset=offset)
     stats = grounding_stats(model, batch, perturbed_batch(trajs, prompts, tokenizer), temperature=temperature,
@@ -179,3 +181,26 @@ def vepo_step(v, model, tokenizer, batch: TrainBatch, trajs: list[Trajectory], *
     changed = sum(p != t.example.prompt for p, t in zip(prompts, trajs))
     metrics["vepo/prompt_changed_frac"] = changed / max(len(trajs), 1)
     return apply_selection(batch, sel, v.apply), metrics
+
+
+class VepoSelector:
+    """``token_select.type=vepo``: gradient credit only for the grounding-sensitive tokens, from a second no-grad
+    forward of ``model`` with each prompt's grounding span perturbed (:func:`vepo_step`), at the batch's sampling
+    temperature. The selection is made from the behaviour policy before the update, so the step keeps its separate
+    old-log-prob pass."""
+
+    needs = SelectorNeeds(old_logprob_pass=True)
+
+    def __init__(self, v, model, tokenizer, *, seed: int, offset: int, micro_batch_size: int | None,
+                 opts: ForwardOptions) -> None:
+        self.v, self.model, self.tokenizer, self.seed, self.offset = v, model, tokenizer, seed, offset
+        self.micro_batch_size, self.opts = micro_batch_size, opts
+
+    def select(self, batch: TrainBatch, trajs: list[Trajectory], metrics: dict, timer: Timer, *,
+               step: int) -> TrainBatch:
+        with timer("vepo"):
+            out, vepo_metrics = vepo_step(self.v, self.model, self.tokenizer, batch, trajs, seed=self.seed, step=step,
+                                          temperature=batch.temperature, micro_batch_size=self.micro_batch_size,
+                                          opts=self.opts, offset=self.offset)
+        metrics.update(vepo_metrics)
+        return out

@@ -1,0 +1,47 @@
+"""The ``rollout.collector`` section of ``type: agent``: multi-turn agent episodes, rewards from environments
+(was the ``agent`` section)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from credo.config.fields import opt, type_key
+
+
+@dataclass
+class AgentCollectorConfig:
+    type: str = type_key("agent", "multi-turn agent RL: episodes in environments (credo env list), rewards from them")
+    envs: list = opt(None, "environments for multi-turn agent RL (credo env list); empty = single-turn tasks",
+                     factory=list)
+    env_weights: list | None = opt(None, "mixture weights of envs (per-sample routing); null = uniform")
+    env_params: dict = opt(None, "per-environment parameters, e.g. {maze: {size: 5}}", factory=dict)
+    server_urls: dict = opt(None, "per-environment HTTP servers (AgentGym contract); others run in-process",
+                            factory=dict)
+    stages: list = opt(None, "sequential training: [{envs: [calc], steps: 50}, {envs: [maze], steps: 50}]",
+                       factory=list)
+    eval_envs: list = opt(None, "environments evaluated on held-out tasks (default: every training env)",
+                          factory=list)
+    max_turns: int = opt(4, "turn cap per episode (fixed horizon)", min=1)
+    horizon_schedule: str = opt("fixed", "ScalingInter-RL: fixed or stepwise", choices=("fixed", "stepwise"))
+    horizon_rounds: list = opt(None, "stepwise horizons, e.g. [2, 4, 6]", factory=list)
+    horizon_period: int = opt(100, "steps per stepwise horizon stage", min=1)
+    eval_max_turns: int | None = opt(None, "turn cap at evaluation (null = the largest training horizon)", min=1)
+    max_tokens_per_turn: int = opt(24, "generated tokens per assistant turn", min=1)
+    max_response_tokens: int = opt(256, "token budget of a whole episode after the prompt", min=8)
+    threads: int = opt(8, "concurrent environment steps", min=1)
+    timeout_s: float = opt(30.0, "per-call timeout of HTTP environments", min=0.01)
+    retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0)
+    max_env_failure_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes "
+                                       "failed in the environment (server error, timeout, bad answer); such episodes "
+                                       "are never trained on (1 = never stop)", min=0.0, max=1.0)
+    reward_placement: str = opt("last_action", "outcome reward on the last action token (credo) or the last "
+                                "response token (AgentGym-RL reference)", choices=("last_action", "last_token"))
+    template: str = opt("auto", "turn template: plain (credo's character models), chat (tokenizer's chat "
+                        "template) or auto", choices=("auto", "plain", "chat"))
+    branching: str = opt("none", "branching rollouts: none, arpo or aepo", choices=("none", "arpo", "aepo"))
+    branch_args: dict = opt(None, "branching hyperparameters (docs/agents.md)", factory=dict)
+    stop_at_action: bool = opt(False, "end each assistant turn at the closing tag of its action (e.g. </move>), as "
+                               "ARPO stops at </python>; default: the model ends turns with its end-of-turn token")
+    turn_cost: float = opt(0.0, "training reward shaping: subtracted per assistant turn (0 = the env's outcome "
+                           "reward only, as AgentGym-RL)", min=0.0)
+    invalid_action_cost: float = opt(0.0, "training reward shaping: subtracted per turn without a parseable action",
+                                     min=0.0)

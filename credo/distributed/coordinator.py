@@ -1,0 +1,161 @@
+"""The rollout side of a run's distributed mode, behind one object the recipe's step calls the same way in every
+mode (:class:`RolloutCoordinator`):
+
+- leader / follower collection (``distributed.backend=ray`` with several ranks): rank 0 alone talks to the rollout
+  and reward pools and broadcasts what it got (:func:`credo.distributed.rollout.from_leader`);
+- sharded rollouts (``distributed.rollout=shard``): each rank generates its share of the prompts, then all gather;
+- engine weight sync: the engine serves the trainer's weights as policy ``version`` (``served_version``);
+- one-step-off mode (``rollout.one_step_off``): the next step's rollouts are generated in the background while
+  this step updates (:class:`credo.collect.group.Prefetch`), saved with checkpoints when in flight;
+- FSDP2 (``distributed.strategy=fsdp2``): the sharded policy and its whole-weights replica for saving.
+
+Collective order: every rank calls :meth:`collect`, :meth:`evaluate`, :meth:`leader`, :meth:`sync` and
+:meth:`plain_model` at the same points of the recipe, and each makes its collectives in the order the recipe
+made them before (weight gather for the sync, then the leader's broadcast, then the shard gather).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable, TypeVar
+
+from credo.collect.group import Prefetch, Rollouts
+from credo.distributed.data_parallel import DataParallel
+from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
+from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
+from credo.types import SamplingParams
+
+T = TypeVar("T")
+
+
+class RolloutCoordinator:
+    """Collection, weight sync, prefetch and the FSDP2 replica of one rank (module docstring). Built with
+    :meth:`of`; :meth:`attach` gives it the run's policy, engine, runner and collector."""
+
+    def __init__(self, dp: DataParallel, *, ray: bool = False, shard: bool = False, one_step_off: bool = False,
+                 steps: int = 0, sampling: SamplingParams | None = None) -> None:
+        self.dp, self.ray, self.shard, self.one_step_off, self.steps = dp, ray, shard, one_step_off, steps
+        self.leader_only = ray and dp.enabled  # Ray mode with several ranks: rank 0 collects and broadcasts
+        self.sampling = sampling  # what rollouts saved before Rollouts.sampling existed were sampled with
+        self.model = self.engine = self.runner = self.collector = None
+        self.pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
+        self.served_version = -1  # the policy version the rollout engine serves
+        self.replica = None  # FSDP2: an unsharded copy of the policy, loaded with the whole weights to save them
+
+    @classmethod
+    def of(cls, cfg, dp: DataParallel, *, shardable: bool) -> "RolloutCoordinator":
+        """The mode of ``cfg.distributed`` / ``cfg.rollout``; ``shardable``: the collector's rollouts may be split
+        over the ranks (not agent episodes, not filtered groups)."""
+        ray = cfg.distributed.backend == "ray"
+        r = cfg.rollout
+        return cls(dp, ray=ray, shard=dp.enabled and not ray and cfg.distributed.rollout == "shard" and shardable,
+                   one_step_off=r.one_step_off, steps=cfg.train.steps,
+                   sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                           max_new_tokens=r.max_new_tokens))
+
+    @property
+    def follower(self) -> bool:
+        """Ray mode, rank > 0: no engine and no runner here (rank 0 drives the pools)."""
+        return self.ray and self.dp.rank > 0
+
+    def engine_seed(self, seed: int) -> int:
+        """Sharded ranks sample different prompts with their own random streams."""
+        return seed + (1_000_003 * self.dp.rank if self.shard else 0)
+
+    def sampler(self, sampler):
+        """This rank's view of the prompt sampler: its share of each batch when sharded."""
+        return ShardedSampler(sampler, self.dp) if self.shard else sampler
+
+    def attach(self, *, model, engine, runner, collector) -> None:
+        self.model, self.engine, self.runner, self.collector = model, engine, runner, collector
+
+    # ------------------------------------------------------------------ the step
+
+    def collect(self, step: int, timer) -> Rollouts:
+        """This step's rollouts. The engine first serves the trainer's weights as policy ``step``. One-step-off
+        mode: the batch generated (by the previous policy) while the previous step updated, and the next batch
+        starts generating now, overlapping this step's update. Ray mode: rank 0 collects, the other ranks receive."""
+        ready = self.pending.wait(timer) if self.pending is not None else None  # the engine is idle after this
+        self.pending = None
+        self.sync(step)
+
+        def leader() -> Rollouts:
+            rollouts = ready if ready is not None else self._collect(step, timer)
+            if self.one_step_off and step + 1 < self.steps:
+                self.pending = Prefetch(lambda t: self._collect(step + 1, t))
+            return rollouts
+
+        rollouts = self.leader(leader)
+        if self.shard:
+            with timer("gather"):
+                rollouts = gather_rollouts(rollouts, self.dp)
+        return rollouts
+
+    def _collect(self, step: int, timer) -> Rollouts:
+        rollouts = self.collector.collect(step, timer)
+        if self.ray:  # workers replaced so far (their shares were re-queued)
+            rollouts.metrics["dist/rollout_restarts"] = self.engine.restarts
+            if self.runner is not None:
+                rollouts.metrics["dist/reward_restarts"] = self.runner.restarts
+        return rollouts
+
+    def leader(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on every rank, or in Ray mode on rank 0 only, its result broadcast."""
+        return from_leader(self.dp, self.leader_only, fn)
+
+    def idle(self) -> None:
+        """Wait for the batch in flight (one engine call at a time)."""
+        if self.pending is not None:
+            self.pending.wait()
+
+    def evaluate(self, fn: Callable[[], T], step: int, *, force_sync: bool = False) -> T:
+        """``fn()`` (an evaluation through the engine) of policy ``step``: the engine first finishes the batch in
+        flight and serves the current weights; rank 0's result in Ray mode."""
+        self.idle()
+        self.sync(step, force=force_sync)
+        return self.leader(fn)
+
+    def sync(self, version: int, *, force: bool = False) -> None:
+        """The rollout engine serves the trainer's current weights as policy ``version`` (shipped to Ray rollout
+        workers; an in-process engine on the trainer's own module only takes the version). Every rank calls it at
+        the same points: a sharded (FSDP2) policy's whole weights are gathered by all of them."""
+        if not force and self.served_version == version:
+            return
+        weights = full_state_dict(self.model) if is_sharded(self.model) else self.model
+        if self.engine is not None:
+            self.engine.update_weights(weights, version=version)
+        self.served_version = version
+
+    # ------------------------------------------------------------------ FSDP2
+
+    def shard_policy(self) -> None:
+        """Shard the policy in place over the ranks, keeping a whole replica to save it from."""
+        self.replica = copy.deepcopy(self.model)
+        shard_policy(self.model, self.dp.world_size)
+
+    def plain_model(self):
+        """The policy as one module with whole weights, for saving: the model itself, or for a sharded (FSDP2)
+        policy its replica loaded with the gathered weights (a collective: every rank calls it at the same
+        point)."""
+        if not is_sharded(self.model):
+            return self.model
+        self.replica.load_state_dict(full_state_dict(self.model))
+        return self.replica
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's state and, in one-step-off mode, the batch in flight, finished (its prompts are drawn, the
+        sampler's state advanced), so that a resumed run trains on it as the uninterrupted run would. Call it
+        before saving the collector's state."""
+        pending = self.pending.wait() if self.pending is not None else None
+        return {"engine": self.engine.state_dict() if self.engine is not None else None, "pending_rollouts": pending}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        if self.engine is not None:
+            self.engine.load_state_dict(saved["engine"])
+        pending = saved.get("pending_rollouts")
+        if pending is not None:
+            if pending.sampling is None:  # saved before the rollouts recorded their sampling
+                pending = dataclasses.replace(pending, sampling=self.sampling)
+            self.pending = Prefetch(done=pending)

@@ -1,0 +1,31 @@
+"""RLEP's config: the ``replay`` section (``replay: null`` = off; ``credo rlep collect`` reads its collect_*
+keys)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from credo.config.fields import opt
+
+
+@dataclass
+class ReplayConfig:
+    pool: str | None = opt(None, "RLEP experience replay: a pool JSONL from `credo rlep collect`; warm_start = "
+                           "collect it at the start of the run from the warm-started policy (RUN_DIR/replay_pool.jsonl); "
+                           "null = no replay")
+    num: int = opt(2, "replayed verified-correct answers added to each prompt's group (M; G' = group_size + M)",
+                   min=0)
+    fill_missing: bool = opt(False, "the reference code's behaviour: a prompt with fewer than M stored answers gets "
+                             "empty responses in the missing slots (scored as failures); false = the group holds "
+                             "only the answers that exist")
+    negative: int = opt(0, "negative replay: stored failed answers added to each group (needs a pool collected with "
+                        "replay.collect_negatives; the paper found no gain)", min=0)
+    refresh: bool = opt(False, "add the fresh samples the verifier accepts to the pool during training (the "
+                        "reference's dynamic_replay_exp; off: the pool is static)")
+    refresh_max: int = opt(16, "refresh: stored answers kept per prompt (the oldest go first)", min=1)
+    collect_samples: int = opt(16, "credo rlep collect: answers sampled per prompt (the paper: 64)", min=1)
+    collect_temperature: float = opt(0.7, "credo rlep collect: sampling temperature", min=0.0)
+    collect_top_p: float = opt(0.95, "credo rlep collect: nucleus mass", min=0.0, max=1.0)
+    collect_min_correct: int = opt(2, "credo rlep collect: a prompt is stored only with at least this many verified "
+                                   "answers", min=1)
+    collect_prompts: int | None = opt(None, "credo rlep collect: training prompts to sample (null = all)", min=1)
+    collect_negatives: bool = opt(False, "credo rlep collect: also store failed answers (for replay.negative)")

@@ -1,0 +1,27 @@
+"""VEPO's config: the ``token_select`` section of ``type: vepo`` (was the ``vepo`` section)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from credo.config.fields import opt, type_key
+
+
+@dataclass
+class VepoSelectConfig:
+    type: str = type_key("vepo", "VEPO grounding-sensitive token selection: a second no-grad forward with the "
+                         "prompt's grounding span perturbed; only the top tokens by Vis x entropy keep their loss")
+    top_fraction: float = opt(0.2, "share of the valid response tokens selected, k = ceil(fraction * n) (the 80/20 "
+                              "rule)", min=0.0, max=1.0)
+    jsd_weight: float = opt(1.0, "weight of the JSD between the intact and perturbed next-token distributions",
+                            min=0.0)
+    gap_weight: float = opt(1.0, "weight of the entropy gap max(H(perturbed) - H(intact), 0)", min=0.0)
+    normalize: str = opt("none", "divide each Vis term by its mean over the batch's / sequence's tokens before "
+                         "weighting (none = raw nats)", choices=("none", "batch", "sequence"))
+    perturb: str = opt("shuffle", "perturbation of the grounding spans: shuffle (permute the span characters), "
+                       "random, mask, or module:function (credo.methods.vepo.grounding)")
+    perturb_args: dict = opt(None, "perturbation keyword arguments, e.g. {fill: '#'} for mask", factory=dict)
+    scope: str = opt("batch", "rank tokens over the whole batch or within each sequence", choices=("batch", "sequence"))
+    apply: str = opt("mask", "mask = the selection multiplied into the loss mask; advantage_mask = advantages of "
+                     "unselected tokens zeroed (loss mask kept); reweight = advantages times score / mean score",
+                     choices=("mask", "advantage_mask", "reweight"))
+    max_weight: float = opt(3.0, "apply=reweight: cap of the per-token weights", min=0.0)
