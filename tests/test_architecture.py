@@ -184,3 +184,18 @@ def test_function_sizes_leave_out_docstrings_comments_and_blank_lines(tmp_path):
         'def f():\n    """Doc\n\n    more doc."""\n    # a comment\n\n' + body + "\n    s = '''a\nb'''\n"
         "    return x0\n\n\nclass C:\n    def g(self):\n        def h():\n            return 1\n        return h\n")}) / "m.py"
     assert function_sizes(path) == [("f", 7), ("C.g", 4), ("C.g.h", 2)]
+
+
+# the multi-stage paper methods (credo/methods/*) and their section / option names: the RL recipe reaches them
+# only through the stages (credo.recipes.stages) and the registries
+METHOD_WORDS = ("attnrl", "tree", "rlep", "replay", "vepo", "grounding", "birm", "agentic", "verifier", "fci")
+
+
+def test_the_rl_recipe_names_no_method_and_stays_short():
+    path = SOURCE / "recipes" / "rlvr.py"
+    source = path.read_text()
+    assert len(source.splitlines()) <= 420, "credo/recipes/rlvr.py grew past ~400 lines: move a stage out"
+    names = [tok.string.lower() for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.NAME]
+    hits = sorted({n for n in names for w in METHOD_WORDS if w in n})
+    assert hits == [], f"credo/recipes/rlvr.py names paper methods in its code: {hits}"

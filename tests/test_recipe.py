@@ -87,7 +87,11 @@ def test_sft_term_is_exact_under_gradient_accumulation(tiny_model):
 
 
 def test_top_entropy_token_selection_keeps_the_requested_fraction(tiny_model):
-    from credo.train.token_select import select_tokens
+    from credo.recipes.stages import build_token_selector
+    from credo.train.stats import Timer
+
+    def select_tokens(cfg, batch, metrics):  # the run's selector, as credo.recipes.rlvr builds and calls it
+        return build_token_selector(cfg, model, tok).select(batch, [], metrics, Timer(), step=0)
 
     model, tok = tiny_model
     batch = _batch(model, tok)

@@ -527,9 +527,9 @@ def test_training_client_takes_the_token_from_the_environment_only(monkeypatch):
 
     cfg = load_config(None, ["agent.envs=[calc]", "agent.server_urls={calc: 'http://127.0.0.1:9'}"])
     monkeypatch.setenv("CREDO_ENV_TOKEN", "t0k")
-    assert make_client(cfg, "calc").token == "t0k"
+    assert make_client(cfg.rollout.collector, "calc").token == "t0k"
     monkeypatch.delenv("CREDO_ENV_TOKEN")
-    assert make_client(cfg, "calc").token is None
+    assert make_client(cfg.rollout.collector, "calc").token is None
 
 
 # ============================================================================ item 14: one-line errors

@@ -11,6 +11,7 @@ import logging
 import random
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, pl
 from credo.rollout.branching import branched_rollouts
 from credo.train.batch import collate
 from credo.collect.base import CollectorNeeds
+from credo.collect.config import AgentCollectorConfig
 from credo.collect.horizon import horizon
 from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
@@ -34,6 +36,31 @@ log = logging.getLogger(__name__)
 class EnvOutageError(ConfigError):
     """More than ``rollout.collector.max_env_failure_share`` of a step's episodes failed in the environment: the run stops
     (one line, exit 2, as a configuration problem: the environment servers are part of the run's setup)."""
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """What the agent collector, its evaluation and its task data read: the ``rollout.collector`` section of
+    ``type: agent`` plus ``rollout.group_size``, ``train.prompts_per_step``, ``eval.k`` / ``eval.temperature``
+    and ``task.seed`` / ``task.train_size`` / ``task.eval_size``."""
+
+    collector: AgentCollectorConfig
+    group_size: int
+    prompts_per_step: int
+    eval_k: int
+    eval_temperature: float
+    task_seed: int | None  # None = the run's seed
+    train_size: int
+    eval_size: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "AgentOptions":
+        t = cfg.task
+        return cls(collector=cfg.rollout.collector, group_size=cfg.rollout.group_size,
+                   prompts_per_step=cfg.train.prompts_per_step, eval_k=cfg.eval.k,
+                   eval_temperature=cfg.eval.temperature, task_seed=t.seed, train_size=t.train_size,
+                   eval_size=t.eval_size)
+
 
 # ----------------------------------------------------------------------------- data
 
@@ -54,78 +81,77 @@ def agent_eval_examples(envs: list[str], size: int) -> list[Example]:
     return [ex for env in envs for ex in env_examples(env, eval_task_ids(size), "eval")]
 
 
-def stage_envs(cfg: RunConfig) -> list[list[str]]:
-    """The environment set of every training stage (one stage unless ``agent.stages`` is set)."""
-    a = cfg.rollout.collector
+def stage_envs(a: AgentCollectorConfig) -> list[list[str]]:
+    """The environment set of every training stage (one stage unless ``stages`` is set)."""
     return [list(s["envs"]) for s in a.stages] if a.stages else [list(a.envs)]
 
 
-def stage_of(cfg: RunConfig, step: int) -> int:
+def stage_of(a: AgentCollectorConfig, step: int) -> int:
     """Index of the stage that 0-indexed RL ``step`` belongs to (the last stage runs on to the end)."""
     end = 0
-    for i, stage in enumerate(cfg.rollout.collector.stages):
+    for i, stage in enumerate(a.stages):
         end += int(stage["steps"])
         if step < end:
             return i
-    return max(len(cfg.rollout.collector.stages) - 1, 0)
+    return max(len(a.stages) - 1, 0)
 
 
 # ----------------------------------------------------------------------------- clients and loop
 
-def make_client(cfg: RunConfig, env: str):
-    a = cfg.rollout.collector
+def make_client(a: AgentCollectorConfig, env: str):
+    """A client of ``env``: HTTP when ``server_urls`` names a server for it, else the environment in-process."""
     if env in a.server_urls:  # the bearer token comes from $CREDO_ENV_TOKEN only (never from the saved config)
         return HTTPEnvClient(a.server_urls[env], env, timeout_s=a.timeout_s, retries=a.retries,
                              token=resolve_token("env"))
     return LocalEnvClient(env, **a.env_params.get(env, {}))
 
 
-def make_template(cfg: RunConfig, tokenizer) -> AgentTemplate:
-    kind = cfg.rollout.collector.template
+def make_template(a: AgentCollectorConfig, tokenizer) -> AgentTemplate:
+    """The turn template ``template`` names (``auto``: the tokenizer's chat template when it has one)."""
+    kind = a.template
     if kind == "auto":
         kind = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
     return chat_template(tokenizer) if kind == "chat" else plain_template(tokenizer)
 
 
-def action_stop_sequences(cfg: RunConfig, tokenizer) -> tuple[tuple[int, ...], ...]:
-    """Token ids of every closing action tag of the run's environments (``agent.stop_at_action``)."""
-    if not cfg.rollout.collector.stop_at_action:
+def action_stop_sequences(a: AgentCollectorConfig, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Token ids of every closing action tag of the run's environments (``stop_at_action``)."""
+    if not a.stop_at_action:
         return ()
-    envs = sorted({e for envs in stage_envs(cfg) for e in envs} | set(cfg.rollout.collector.eval_envs))
+    envs = sorted({e for envs in stage_envs(a) for e in envs} | set(a.eval_envs))
     tags = sorted({tag for env in envs for tag in get_env_spec(env).parser.tags})
     return tuple(tuple(tokenizer(f"</{tag}>", add_special_tokens=False)["input_ids"]) for tag in tags)
 
 
-def make_loop(cfg: RunConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop:
-    a = cfg.rollout.collector
+def make_loop(a: AgentCollectorConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop:
+    """The multi-turn loop over ``engine`` with at most ``max_turns`` assistant turns per episode."""
     top_logprobs = int(a.branch_args.get("top_logprobs", 10)) if a.branching != "none" else 0
-    return AgentLoop(engine, tokenizer, make_template(cfg, tokenizer), max_turns=max_turns,
+    return AgentLoop(engine, tokenizer, make_template(a, tokenizer), max_turns=max_turns,
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
-                     threads=a.threads, top_logprobs=top_logprobs, stop_sequences=action_stop_sequences(cfg, tokenizer),
+                     threads=a.threads, top_logprobs=top_logprobs, stop_sequences=action_stop_sequences(a, tokenizer),
                      max_total_tokens=getattr(engine.model_config, "max_position_embeddings", None))
 
 
-def step_horizon(cfg: RunConfig, step: int) -> int:
+def step_horizon(a: AgentCollectorConfig, step: int) -> int:
     """Turn cap at 0-indexed RL ``step`` (the schedule's formula uses 1-indexed steps)."""
-    a = cfg.rollout.collector
     return horizon(step + 1, schedule=a.horizon_schedule, max_turns=a.max_turns, rounds=a.horizon_rounds,
                    period=a.horizon_period)
 
 
-def eval_horizon(cfg: RunConfig) -> int:
-    a = cfg.rollout.collector
+def eval_horizon(a: AgentCollectorConfig) -> int:
+    """Turn cap at evaluation: ``eval_max_turns``, else the largest training horizon."""
     return a.eval_max_turns or max([a.max_turns, *a.horizon_rounds])
 
 
-def run_episodes(cfg: RunConfig, loop: AgentLoop, examples: list[Example], n: int, sampling: SamplingParams,
+def run_episodes(a: AgentCollectorConfig, loop: AgentLoop, examples: list[Example], n: int, sampling: SamplingParams,
                  *, branching: str = "none", generator: torch.Generator | None = None):
     """(trajectories, rewards, branch stats): ``n`` episodes per example, plain or branched."""
     group_ids = [g for g in range(len(examples)) for _ in range(n)]
     if branching != "none":
-        return branched_rollouts(loop, examples, n, sampling, lambda ex: make_client(cfg, ex.meta["env"]),
-                                 method=branching, generator=generator, **cfg.rollout.collector.branch_args)
+        return branched_rollouts(loop, examples, n, sampling, lambda ex: make_client(a, ex.meta["env"]),
+                                 method=branching, generator=generator, **a.branch_args)
     reps = [ex for ex in examples for _ in range(n)]
-    clients = [make_client(cfg, ex.meta["env"]) for ex in reps]
+    clients = [make_client(a, ex.meta["env"]) for ex in reps]
     try:
         episodes = loop.run(reps, clients, group_ids, sampling)
     finally:
@@ -135,20 +161,21 @@ def run_episodes(cfg: RunConfig, loop: AgentLoop, examples: list[Example], n: in
     return [p[0] for p in pairs], [p[1] for p in pairs], {}
 
 
-def collect_agent_rollouts(cfg: RunConfig, engine, tokenizer, sampler, *, step: int, sampling: SamplingParams,
+def collect_agent_rollouts(opts: AgentOptions, engine, tokenizer, sampler, *, step: int, sampling: SamplingParams,
                            timer) -> Rollouts:
-    max_turns = step_horizon(cfg, step)
-    loop = make_loop(cfg, engine, tokenizer, max_turns=max_turns)
+    """One step's episodes: ``group_size`` per prompt of ``sampler`` at the step's horizon, shaped rewards, the
+    episodes that failed in the environment dropped."""
+    a = opts.collector
+    max_turns = step_horizon(a, step)
+    loop = make_loop(a, engine, tokenizer, max_turns=max_turns)
     with timer("gen"):
-        prompts = sampler.next_batch(cfg.train.prompts_per_step)
-        trajs, results, branch_stats = run_episodes(cfg, loop, prompts, cfg.rollout.group_size, sampling,
-                                                    branching=cfg.rollout.collector.branching,
-                                                    generator=engine.generator)
+        prompts = sampler.next_batch(opts.prompts_per_step)
+        trajs, results, branch_stats = run_episodes(a, loop, prompts, opts.group_size, sampling,
+                                                    branching=a.branching, generator=engine.generator)
     trajs = [dataclasses.replace(t, policy_version=engine.policy_version) for t in trajs]
     metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
-    results = shape_rewards(results, trajs, turn_cost=cfg.rollout.collector.turn_cost,
-                            invalid_action_cost=cfg.rollout.collector.invalid_action_cost)
-    check_env_failures(results, max_share=cfg.rollout.collector.max_env_failure_share, step=step)
+    results = shape_rewards(results, trajs, turn_cost=a.turn_cost, invalid_action_cost=a.invalid_action_cost)
+    check_env_failures(results, max_share=a.max_env_failure_share, step=step)
     trajs, results, drop_metrics = drop_env_failures(trajs, results)
     metrics.update(drop_metrics)
     metrics["agent/max_turns"] = max_turns
@@ -162,21 +189,21 @@ class AgentCollector:
 
     needs = CollectorNeeds()
 
-    def __init__(self, cfg: RunConfig, engine, tokenizer, sampler, stage_samplers: list, sampling: SamplingParams
-                 ) -> None:
-        self.cfg, self.engine, self.tokenizer, self.sampling = cfg, engine, tokenizer, sampling
+    def __init__(self, opts: AgentOptions, engine, tokenizer, sampler, stage_samplers: list,
+                 sampling: SamplingParams) -> None:
+        self.opts, self.engine, self.tokenizer, self.sampling = opts, engine, tokenizer, sampling
         self.sampler, self.stage_samplers = sampler, stage_samplers
 
     def start(self, run_dir: Path) -> None:
         """Nothing to prepare before the first step."""
 
     def collect(self, step: int, timer) -> Rollouts:
-        sampler = self.stage_samplers[stage_of(self.cfg, step)] if self.stage_samplers else self.sampler
-        return collect_agent_rollouts(self.cfg, self.engine, self.tokenizer, sampler, step=step,
+        sampler = self.stage_samplers[stage_of(self.opts.collector, step)] if self.stage_samplers else self.sampler
+        return collect_agent_rollouts(self.opts, self.engine, self.tokenizer, sampler, step=step,
                                       sampling=self.sampling, timer=timer)
 
     def rewards(self, batch, trajs: list[Trajectory]) -> torch.Tensor:
-        return reward_tensor(self.cfg, batch.scores, trajs, batch.responses.shape[1])
+        return reward_tensor(self.opts.collector, batch.scores, trajs, batch.responses.shape[1])
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict(), "stage_samplers": [s.state_dict() for s in self.stage_samplers]}
@@ -269,22 +296,23 @@ def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix
 
 # ----------------------------------------------------------------------------- evaluation
 
-def evaluate_agent(cfg: RunConfig, engine, tokenizer, examples: list[Example], *, seed: int,
+def evaluate_agent(opts: AgentOptions, engine, tokenizer, examples: list[Example], *, seed: int,
                    samples_path: Path | None = None) -> dict[str, float]:
     """Held-out success: greedy (one episode per task) and avg@k / pass@k of k sampled episodes; per env too.
     The greedy episodes (prompt, whole transcript, reward, turns, failure) go to ``samples_path`` as JSONL."""
-    loop = make_loop(cfg, engine, tokenizer, max_turns=eval_horizon(cfg))
+    a = opts.collector
+    loop = make_loop(a, engine, tokenizer, max_turns=eval_horizon(a))
     greedy = SamplingParams(greedy=True)
-    g_trajs, g_res, _ = run_episodes(cfg, loop, examples, 1, greedy)
+    g_trajs, g_res, _ = run_episodes(a, loop, examples, 1, greedy)
     if samples_path is not None:
         samples_path.parent.mkdir(parents=True, exist_ok=True)
         rows = [{"uid": t.example.uid, "env": t.info["env"], "response": t.response_text, "score": r.score,
                  "prompt": tokenizer.decode(t.prompt_ids, skip_special_tokens=True), "correct": r.correct,
                  "turns": t.info["num_turns"], "cut": t.info["cut"], "error": r.error} for t, r in zip(g_trajs, g_res)]
         samples_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    k = cfg.eval.k
-    s_trajs, s_res, _ = run_episodes(cfg, loop, examples, k, SamplingParams(temperature=cfg.eval.temperature,
-                                                                            seed=seed))
+    k = opts.eval_k
+    s_trajs, s_res, _ = run_episodes(a, loop, examples, k, SamplingParams(temperature=opts.eval_temperature,
+                                                                          seed=seed))
     correct = [r.correct for r in s_res]
     out = {"eval/greedy_acc": sum(r.correct for r in g_res) / max(len(g_res), 1),
            f"eval/avg@{k}": sum(correct) / max(len(correct), 1),
@@ -300,31 +328,32 @@ def evaluate_agent(cfg: RunConfig, engine, tokenizer, examples: list[Example], *
 
 # ----------------------------------------------------------------------------- oracle demonstrations
 
-def oracle_batch(cfg: RunConfig, tokenizer, examples: list[Example]):
+def oracle_batch(a: AgentCollectorConfig, tokenizer, examples: list[Example]):
     """A TrainBatch of oracle episodes (assistant turns mask 1, observations mask 0) for the SFT warm start."""
-    template = make_template(cfg, tokenizer)
-    trajs = [oracle_trajectory(cfg, tokenizer, template, ex) for ex in examples]
+    template = make_template(a, tokenizer)
+    trajs = [oracle_trajectory(a, tokenizer, template, ex) for ex in examples]
     return collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tokenizer.pad_token_id)
 
 
-def oracle_trajectory(cfg: RunConfig, tokenizer, template: AgentTemplate, ex: Example) -> Trajectory:
+def oracle_trajectory(a: AgentCollectorConfig, tokenizer, template: AgentTemplate, ex: Example) -> Trajectory:
+    """One episode of the environment's oracle on task ``ex``, at most the evaluation horizon long."""
     env_name = ex.meta["env"]
     spec = get_env_spec(env_name)
-    client = LocalEnvClient(env_name, **cfg.rollout.collector.env_params.get(env_name, {}))
+    client = LocalEnvClient(env_name, **a.env_params.get(env_name, {}))
     obs = client.reset(int(ex.meta["task_id"]))
     prompt = template.prompt(client.instruction, obs)
     ids: list[int] = []
     mask: list[int] = []
     turns = []
-    for _ in range(eval_horizon(cfg)):
+    for _ in range(eval_horizon(a)):
         action = list(tokenizer(spec.oracle(client.env, obs), add_special_tokens=False)["input_ids"])
         ids += template.assistant_prefix
         mask += [0] * len(template.assistant_prefix)
-        own = action if cfg.rollout.collector.stop_at_action else action + [template.end_of_turn]
+        own = action if a.stop_at_action else action + [template.end_of_turn]
         turns.append((len(ids), len(ids) + len(own)))
         ids += own
         mask += [1] * len(own)
-        if cfg.rollout.collector.stop_at_action:
+        if a.stop_at_action:
             ids += template.close_turn
             mask += [0] * len(template.close_turn)
         result = client.step(tokenizer.decode(action))
@@ -338,10 +367,11 @@ def oracle_trajectory(cfg: RunConfig, tokenizer, template: AgentTemplate, ex: Ex
                       response_mask=mask, finish_reason="eos", turns=turns)
 
 
-def reward_tensor(cfg: RunConfig, scores: torch.Tensor, trajs: list[Trajectory], response_len: int) -> torch.Tensor:
+def reward_tensor(a: AgentCollectorConfig, scores: torch.Tensor, trajs: list[Trajectory], response_len: int
+                  ) -> torch.Tensor:
     """Rewards for the estimator: scores (B,) for the default placement (last action token), or (B, T) token
     rewards on the last response token for the AgentGym-RL reference placement."""
-    if cfg.rollout.collector.reward_placement == "last_action":
+    if a.reward_placement == "last_action":
         return scores
     out = torch.zeros(len(trajs), response_len)
     for i, t in enumerate(trajs):
@@ -349,19 +379,20 @@ def reward_tensor(cfg: RunConfig, scores: torch.Tensor, trajs: list[Trajectory],
     return out
 
 
-def agent_task_data(cfg: RunConfig, seed: int):
-    """TaskData of environment tasks: a training mixture (per stage when ``agent.stages`` is set) and held-out
+def agent_task_data(opts: AgentOptions, seed: int):
+    """TaskData of environment tasks: a training mixture (per stage when ``stages`` is set) and held-out
     evaluation tasks of every evaluated environment."""
     from credo.data.source import TaskData
 
-    t, a = cfg.task, cfg.rollout.collector
-    data_seed = t.seed if t.seed is not None else seed
-    stages = stage_envs(cfg)
-    stage_train = [agent_train_examples(envs, a.env_weights if not a.stages else None, t.train_size, data_seed + i)
+    a = opts.collector
+    data_seed = opts.task_seed if opts.task_seed is not None else seed
+    stages = stage_envs(a)
+    stage_train = [agent_train_examples(envs, a.env_weights if not a.stages else None, opts.train_size,
+                                        data_seed + i)
                    for i, envs in enumerate(stages)]
     eval_envs = a.eval_envs or sorted({env for envs in stages for env in envs})
     train = [ex for exs in stage_train for ex in exs] if a.stages else stage_train[0]  # warm start sees every stage
     return TaskData(name="agent:" + "+".join(sorted({e for envs in stages for e in envs})), train=train,
-                    eval=agent_eval_examples(eval_envs, t.eval_size), default_reward=None, demonstration=None,
-                    sft_batch=lambda tokenizer, exs: oracle_batch(cfg, tokenizer, exs),
+                    eval=agent_eval_examples(eval_envs, opts.eval_size), default_reward=None, demonstration=None,
+                    sft_batch=lambda tokenizer, exs: oracle_batch(a, tokenizer, exs),
                     stage_train=stage_train if a.stages else [])

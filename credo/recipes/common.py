@@ -152,9 +152,9 @@ def injected_faults(cfg: RunConfig, kind: str) -> dict[int, int]:
 def load_data(cfg: RunConfig, seed: int) -> TaskData:
     """Environment tasks for the agent collector, else the single-turn task of ``task``."""
     if cfg.rollout.collector.type == "agent":
-        from credo.collect.agent import agent_task_data
+        from credo.collect.agent import AgentOptions, agent_task_data
 
-        return agent_task_data(cfg, seed)
+        return agent_task_data(AgentOptions.of(cfg), seed)
     from credo.data.source import load_task_data
 
     return load_task_data(cfg.task, seed=seed)
@@ -184,9 +184,9 @@ def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, s
     if not examples:
         return {}
     if data.default_reward is None:  # agent RL: episodes against the environments
-        from credo.collect.agent import evaluate_agent
+        from credo.collect.agent import AgentOptions, evaluate_agent
 
-        return evaluate_agent(cfg, engine, engine.tokenizer, examples, seed=cfg.seed * 7919 + step,
+        return evaluate_agent(AgentOptions.of(cfg), engine, engine.tokenizer, examples, seed=cfg.seed * 7919 + step,
                               samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
     return evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed * 7919 + step,

@@ -24,12 +24,12 @@ import torch
 from credo.algo import advantage_requirements, kl_penalty, masked_mean, policy_loss_requirements
 from credo.algo.advantages import explained_variance, token_rewards
 from credo.algo.critic import critic_loss_requirements
-from credo.collect.agent import AgentCollector
+from credo.collect.agent import AgentCollector, AgentOptions
 from credo.collect.base import Collector
 from credo.collect.group import GroupCollector, GroupOptions
 from credo.config import RunConfig
 from credo.data import PromptSampler
-from credo.methods.attnrl.collector import TreeCollector
+from credo.methods.attnrl.collector import TreeCollector, TreeOptions
 from credo.methods.rlep.collector import ReplayCollector
 from credo.methods.vepo.grounding import prompt_offset
 from credo.methods.vepo.select import VepoSelector
@@ -66,12 +66,13 @@ def _group(x: CollectorInputs) -> Collector:
 
 
 def _tree(x: CollectorInputs) -> Collector:
-    return TreeCollector(x.cfg, x.engine, x.runner_for, x.sampler, x.model, x.tokenizer)
+    return TreeCollector(TreeOptions.of(x.cfg), x.engine, x.runner_for, x.sampler, x.model, x.tokenizer)
 
 
 def _agent(x: CollectorInputs) -> Collector:
     stage_samplers = [PromptSampler(exs, seed=x.cfg.seed + i) for i, exs in enumerate(x.data.stage_train)]
-    return AgentCollector(x.cfg, x.engine, x.tokenizer, x.sampler, stage_samplers, sampling_params(x.cfg))
+    return AgentCollector(AgentOptions.of(x.cfg), x.engine, x.tokenizer, x.sampler, stage_samplers,
+                          sampling_params(x.cfg))
 
 
 COLLECTORS: dict[str, Callable[[CollectorInputs], Collector]] = {"group": _group, "tree": _tree, "agent": _agent}

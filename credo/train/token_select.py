@@ -69,9 +69,3 @@ def top_entropy_tokens(batch: TrainBatch, quantile: float, metrics: dict) -> Tra
     keep = valid & (batch.entropy >= threshold)
     metrics["token_select/frac"] = float(keep.sum()) / max(float(valid.sum()), 1.0)
     return dataclasses.replace(batch, response_mask=keep.float())
-
-
-def select_tokens(cfg, batch: TrainBatch, metrics: dict) -> TrainBatch:
-    """The entropy selection ``cfg.token_select`` configures (the batch itself unless ``type: entropy``)."""
-    t = cfg.token_select
-    return top_entropy_tokens(batch, t.quantile, metrics) if t.type == "entropy" else batch

@@ -44,11 +44,37 @@ from credo.methods.attnrl.algo import (
     select_responses,
 )
 from credo.rewards.shaping import overlong_penalty
+from credo.methods.attnrl.config import TreeCollectorConfig
 from credo.methods.attnrl.fci import fci_forward
 from credo.collect.base import CollectorNeeds
 from credo.collect.group import Rollouts, StreamingScorer
 from credo.train.stats import rollout_metrics
 from credo.types import RewardResult, SamplingParams, Trajectory
+
+
+@dataclass(frozen=True)
+class TreeOptions:
+    """What :class:`TreeCollector` reads: the ``rollout.collector`` section of ``type: tree`` plus
+    ``rollout.group_size``, ``train.prompts_per_step``, the sampling parameters, ``seed``, ``rollout.one_step_off``
+    and ``reward.overlong_*``."""
+
+    collector: TreeCollectorConfig
+    group_size: int
+    prompts_per_step: int
+    sampling: SamplingParams
+    seed: int
+    one_step_off: bool = False
+    overlong_buffer: int = 0
+    overlong_factor: float = 1.0
+
+    @classmethod
+    def of(cls, cfg) -> "TreeOptions":
+        r = cfg.rollout
+        sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                  max_new_tokens=r.max_new_tokens)
+        return cls(collector=r.collector, group_size=r.group_size, prompts_per_step=cfg.train.prompts_per_step,
+                   sampling=sampling, seed=cfg.seed, one_step_off=r.one_step_off,
+                   overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty)
 
 
 @dataclass
@@ -79,24 +105,22 @@ class Branch:
     result: RewardResult | None = None
 
 
-def collect_tree_rollouts(cfg, engine, runner, sampler, model, tokenizer, *, state: dict[str, Any], step: int,
-                          timer=None) -> Rollouts:
+def collect_tree_rollouts(opts: TreeOptions, engine, runner, sampler, model, tokenizer, *, state: dict[str, Any],
+                          step: int, timer=None) -> Rollouts:
     """One step's AttnRL rollouts (module docstring); ``model`` runs the FCI pass (the policy that sampled)."""
-    a, timer = cfg.rollout.collector, timer or _NullTimer()
-    sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                              max_new_tokens=cfg.rollout.max_new_tokens)
-    n, prompts = cfg.rollout.group_size, int(state.get("batch_size") or cfg.train.prompts_per_step)
+    a, timer, sampling = opts.collector, timer or _NullTimer(), opts.sampling
+    n, prompts = opts.group_size, int(state.get("batch_size") or opts.prompts_per_step)
     with StreamingScorer(runner, min_batch=max(1, prompts * n // 4)) as scorer:
         with timer("gen"):
             trajs = engine.generate(sampler.next_batch(prompts), n, sampling, on_done=scorer.submit)
         with timer("reward"):
-            results = [_shape(cfg, t, r) for t, r in zip(trajs, scorer.results(trajs))]
+            results = [_shape(opts, t, r) for t, r in zip(trajs, scorer.results(trajs))]
     problems = [Problem(trajs[i:i + n], results[i:i + n]) for i in range(0, len(trajs), n)]
     with timer("fci"):
         score_steps(problems, model, tokenizer, a)
     branches, dropped_easy = plan_branches(problems, a, state, n=n,
-                                           generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
-    sample_branches(cfg, engine, runner, tokenizer, problems, branches, sampling, timer)
+                                           generator=torch.Generator().manual_seed(opts.seed * 1_000_003 + step))
+    sample_branches(opts, engine, runner, tokenizer, problems, branches, sampling, timer)
     trees = build_trees(problems, branches, dropped_easy, train_unbranched=a.train_unbranched)
     kept, dropped_zero = filter_trees(trees, a.filter_zero_std)
     out_trajs, out_results = [], []
@@ -105,7 +129,7 @@ def collect_tree_rollouts(cfg, engine, runner, sampler, model, tokenizer, *, sta
         out_results += [r for _, r in rows]
     metrics = rollout_metrics(trajs + [b.traj for b in branches], results + [b.result for b in branches])
     metrics.update(tree_metrics(problems, branches, trees, out_trajs, dropped_easy, dropped_zero, prompts))
-    metrics.update(update_batch_size(cfg, state, prompts, len(out_trajs)))
+    metrics.update(update_batch_size(opts, state, prompts, len(out_trajs)))
     return Rollouts(out_trajs, out_results, metrics, sampling=sampling)
 
 
@@ -116,8 +140,9 @@ class TreeCollector:
 
     needs = CollectorNeeds()
 
-    def __init__(self, cfg, engine, runner_for: Callable[[int], Any], sampler, policy, tokenizer) -> None:
-        self.cfg, self.engine, self.runner_for, self.sampler = cfg, engine, runner_for, sampler
+    def __init__(self, opts: TreeOptions, engine, runner_for: Callable[[int], Any], sampler, policy, tokenizer
+                 ) -> None:
+        self.opts, self.engine, self.runner_for, self.sampler = opts, engine, runner_for, sampler
         self.policy, self.tokenizer = policy, tokenizer
         self.state: dict[str, Any] = {}
 
@@ -125,8 +150,8 @@ class TreeCollector:
         """Nothing to prepare before the first step."""
 
     def collect(self, step: int, timer) -> Rollouts:
-        model = fci_model(self.engine, self.policy, one_step_off=self.cfg.rollout.one_step_off)
-        return collect_tree_rollouts(self.cfg, self.engine, self.runner_for(step), self.sampler, model,
+        model = fci_model(self.engine, self.policy, one_step_off=self.opts.one_step_off)
+        return collect_tree_rollouts(self.opts, self.engine, self.runner_for(step), self.sampler, model,
                                      self.tokenizer, state=self.state, step=step, timer=timer)
 
     def rewards(self, batch, trajs):
@@ -143,7 +168,7 @@ class TreeCollector:
 
 # ----------------------------------------------------------------------------- FCI and branch points
 
-def score_steps(problems: list[Problem], model, tokenizer, a) -> None:
+def score_steps(problems: list[Problem], model, tokenizer, a: TreeCollectorConfig) -> None:
     """Step spans and FCI scores of every initial response (in place)."""
     trajs = [t for p in problems for t in p.trajs]
     texts = _token_texts(tokenizer)
@@ -158,7 +183,7 @@ def score_steps(problems: list[Problem], model, tokenizer, a) -> None:
         i += len(p.trajs)
 
 
-def plan_branches(problems: list[Problem], a, state: dict[str, Any], *, n: int,
+def plan_branches(problems: list[Problem], a: TreeCollectorConfig, state: dict[str, Any], *, n: int,
                   generator: torch.Generator) -> tuple[list[Branch], set[int]]:
     """The branch points of every problem (``branch_samples`` copies each) and the all-correct problems dropped by
     the running-mean FCI filter. Updates ``state["fci_mean"]`` with this batch's all-correct problems first, as the
@@ -183,7 +208,7 @@ def plan_branches(problems: list[Problem], a, state: dict[str, Any], *, n: int,
     return branches, dropped
 
 
-def sample_branches(cfg, engine, runner, tokenizer, problems: list[Problem], branches: list[Branch],
+def sample_branches(opts: TreeOptions, engine, runner, tokenizer, problems: list[Problem], branches: list[Branch],
                     sampling: SamplingParams, timer) -> None:
     """A continuation of prompt + response[:offset] for every branch, within ``max_new_tokens`` in all; scored."""
     if not branches:
@@ -207,7 +232,7 @@ def sample_branches(cfg, engine, runner, tokenizer, problems: list[Problem], bra
     with timer("reward"):
         scored = runner.score([b.traj.response_text for b in branches], [b.traj.example for b in branches])
     for b, r in zip(branches, scored):
-        b.result = _shape(cfg, b.traj, r)
+        b.result = _shape(opts, b.traj, r)
 
 
 # ----------------------------------------------------------------------------- trees
@@ -269,13 +294,13 @@ def filter_trees(trees: dict[int, list[tuple[Trajectory, RewardResult]]], zero_s
 
 # ----------------------------------------------------------------------------- dynamic batch size and metrics
 
-def update_batch_size(cfg, state: dict[str, Any], prompts: int, valid: int) -> dict[str, float]:
+def update_batch_size(opts: TreeOptions, state: dict[str, Any], prompts: int, valid: int) -> dict[str, float]:
     """Record this step's trained rows and set the next step's prompt count (``dynamic_batch``)."""
-    a = cfg.rollout.collector
+    a = opts.collector
     state["valid_ema"] = ema(state.get("valid_ema"), float(valid), a.valid_ema)
     nxt = prompts
     if a.dynamic_batch:
-        target = a.valid_factor * cfg.train.prompts_per_step * cfg.rollout.group_size
+        target = a.valid_factor * opts.prompts_per_step * opts.group_size
         nxt = next_batch_size(prompts, state["valid_ema"], target=target, beta=a.batch_ema)
         if a.max_prompts is not None:
             nxt = min(nxt, a.max_prompts)
@@ -340,12 +365,12 @@ def _stop_step(ids: list[int], spans: list[Span], texts, marker: str | None) -> 
     return 1 + next(k for k, (s, e) in enumerate(spans) if s <= hits[-1] < e)
 
 
-def _shape(cfg, traj: Trajectory, result: RewardResult) -> RewardResult:
-    r = cfg.reward
-    if r.overlong_buffer <= 0:
+def _shape(opts: TreeOptions, traj: Trajectory, result: RewardResult) -> RewardResult:
+    """DAPO's overlong shaping of one response's score (``reward.overlong_buffer`` > 0)."""
+    if opts.overlong_buffer <= 0:
         return result
-    pen = overlong_penalty(len(traj.response_ids), max_len=cfg.rollout.max_new_tokens, buffer=r.overlong_buffer,
-                           factor=r.overlong_penalty)
+    pen = overlong_penalty(len(traj.response_ids), max_len=opts.sampling.max_new_tokens, buffer=opts.overlong_buffer,
+                           factor=opts.overlong_factor)
     return dataclasses.replace(result, score=result.score + pen, info={**result.info, "overlong_penalty": pen})
 
 
@@ -356,5 +381,5 @@ class _NullTimer:
         return contextlib.nullcontext()
 
 
-__all__ = ["Branch", "Problem", "TreeCollector", "build_trees", "collect_tree_rollouts", "fci_model", "filter_trees",
-           "plan_branches"]
+__all__ = ["Branch", "Problem", "TreeCollector", "TreeOptions", "build_trees", "collect_tree_rollouts", "fci_model",
+           "filter_trees", "plan_branches"]
