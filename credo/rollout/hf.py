@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache
 
+from credo.models.compat import cache_kwargs, output_cache
 from credo.models.tokenizer import encode_prompt
 from credo.rollout.base import OnDone
 from credo.rollout.lean import lean_decoder
@@ -167,9 +168,9 @@ class HFRolloutEngine:
                 logits = self.lean.step(state, nxt, step_pos)
                 continue
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
-            out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=step_pos, cache=cache,
-                             use_cache=True, logits_to_keep=1)
-            cache, logits = out.cache, out.logits[:, -1, :]
+            out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=step_pos,
+                             **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1)
+            cache, logits = output_cache(out), out.logits[:, -1, :]
         return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
 
     def _prefill(self, prefixes: list[list[int]]):
@@ -187,9 +188,10 @@ class HFRolloutEngine:
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # (U, P)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True,
+        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
+                         **cache_kwargs(self.model, cache), use_cache=True,
                          logits_to_keep=1)  # the next-token logits only, not (U, P, V)
-        cache, logits = out.cache, out.logits[:, -1, :]
+        cache, logits = output_cache(out), out.logits[:, -1, :]
         idx = inverse.to(self.device)
         if len(uniq) < len(prefixes):
             cache.reorder_cache(idx)

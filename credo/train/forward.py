@@ -9,6 +9,7 @@ from credo.algo import entropy_from_logits, logprobs_from_logits
 from credo.algo.logprobs import check_token_stats, token_stats_from_logits
 from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
 from credo.distributed.fsdp import sharded_root
+from credo.models.compat import cache_kwargs, output_cache
 from credo.train.packing import pack, token_budget_groups, valid_responses
 from credo.types import TrainBatch
 
@@ -112,15 +113,16 @@ def shared_prompt_hidden(model: torch.nn.Module, batch: TrainBatch, first: torch
     rows = first.to(device)
     cache = DynamicCache(config=model.config)
     out = model.base_model(input_ids=ids[rows, :p], attention_mask=attn[rows, :p], position_ids=pos[rows, :p],
-                           cache=cache, use_cache=True)
+                           **cache_kwargs(model.base_model, cache), use_cache=True)
     index = inverse.to(device)
     first_hidden = out.last_hidden_state[:, -1][index].unsqueeze(1)  # (B, 1, H): predicts response token 0
     if t == 1:
         return first_hidden
-    cache = out.cache
+    cache = output_cache(out)
     cache.reorder_cache(index)  # (U, ...) -> (B, ...) keys and values, differentiable
     rest = model.base_model(input_ids=ids[:, p : p + t - 1], attention_mask=attn[:, : p + t - 1],
-                            position_ids=pos[:, p : p + t - 1], cache=cache, use_cache=True).last_hidden_state
+                            position_ids=pos[:, p : p + t - 1], **cache_kwargs(model.base_model, cache),
+                            use_cache=True).last_hidden_state
     return torch.cat([first_hidden, rest], dim=1)  # (B, T, H)
 
 
