@@ -36,6 +36,12 @@ class SamplingParams:
     greedy: bool = False
     seed: int | None = None  # per-call seed (like vLLM's per-request seed); None = the engine's own RNG stream
 
+    @classmethod
+    def of(cls, rollout) -> "SamplingParams":
+        """A run's training sampling: the ``rollout`` config section's temperature, top-p, top-k and length cap."""
+        return cls(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                   max_new_tokens=rollout.max_new_tokens)
+
 
 @dataclass
 class Trajectory:

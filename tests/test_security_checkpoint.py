@@ -169,6 +169,19 @@ def test_damaged_latest_checkpoint_falls_back_to_the_newest_intact(tmp_path: Pat
     assert (run / "checkpoints" / "damaged-step_000002").is_dir() and not bad.exists()  # set aside, not pruned
 
 
+def test_an_intact_checkpoint_newer_than_the_pointer_is_not_set_aside(tmp_path: Path, tiny_model):
+    """A kill after step 2's directory was renamed into place but before ``latest`` moved: step 2 is intact, so
+    a resume must not rename it ``damaged-step_000002`` (it did: every complete newer one was moved aside)."""
+    model, tok = tiny_model
+    run = tmp_path / "run"
+    save_checkpoint(run, 1, model=model, tokenizer=tok, keep=3, trainer_state={"step": 1})
+    newer = save_checkpoint(run, 2, model=model, tokenizer=tok, keep=3, trainer_state={"step": 2})
+    (run / "checkpoints" / "latest").write_text("step_000001")  # the pointer still names the older one
+    ck.resume_checkpoint(run)
+    assert newer.is_dir() and not (run / "checkpoints" / "damaged-step_000002").exists()
+    assert ck.checkpoint_problem(newer) is None
+
+
 def test_resume_skips_a_damaged_checkpoint_and_matches_the_uninterrupted_run(tmp_path: Path, caplog):
     full = _run(tmp_path, "full", "train.steps=3")
     run = tmp_path / "cut"

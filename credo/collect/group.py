@@ -97,7 +97,7 @@ def noised_frac(results: list[RewardResult]) -> float:
 def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_size: int, sampling: SamplingParams,
                      filter_groups: bool = False, dynamic_sampling: bool = False, max_gen_batches: int = 1,
                      overlong_buffer: int = 0, overlong_factor: float = 1.0, timer=None) -> Rollouts:
-    timer = timer or _NullTimer()
+    timer = timer or Timer()  # a throwaway timer when the caller keeps none
     kept: list[tuple[list[Trajectory], list[RewardResult]]] = []
     dropped = 0
     all_trajs: list[Trajectory] = []
@@ -247,10 +247,3 @@ def _groups(trajs: list[Trajectory], results: list[RewardResult]):
         order[t.group_id][0].append(t)
         order[t.group_id][1].append(r)
     return list(order.values())
-
-
-class _NullTimer:
-    def __call__(self, name):
-        import contextlib
-
-        return contextlib.nullcontext()

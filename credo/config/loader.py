@@ -182,7 +182,7 @@ def build(cls: type, data: Any, prefix: str, root: type = RunConfig) -> Any:
     kwargs = {}
     for name, value in data.items():
         f, hint, full = fields[name], hints[name], prefix + name
-        section = _section_class(hint)
+        section = section_class(hint)
         if "choice" in f.metadata:
             kwargs[name] = build_choice(f, value, full, root)
         elif section is not None and value is None and type(None) in _union_args(hint):
@@ -216,7 +216,7 @@ def build_choice(f: dataclasses.Field, value: Any, key: str, root: type) -> Any:
     return build(cls, value, key + ".", root)
 
 
-def _section_class(hint: Any) -> type | None:
+def section_class(hint: Any) -> type | None:
     """The dataclass of a (possibly optional, ``X | None``) section hint, else None."""
     for t in _union_args(hint):
         if dataclasses.is_dataclass(t):
@@ -248,7 +248,7 @@ def _all_paths(cls: type, prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         subs = [resolve_class(c) for c in f.metadata["choice"].values()] if "choice" in f.metadata else \
-            [s for s in [_section_class(hints[f.name])] if s is not None]
+            [s for s in [section_class(hints[f.name])] if s is not None]
         for sub in subs:
             out += [k for k in _all_paths(sub, prefix + f.name + ".") if k not in out]
         if not subs:

@@ -6,10 +6,10 @@ The README embeds this output between its ``config-reference`` markers
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 
 from credo.config.fields import resolve_class
+from credo.config.loader import section_class as _section_class
 from credo.config.schema import RunConfig
 
 
@@ -62,12 +62,6 @@ def _choice_rows(f: dataclasses.Field, key: str) -> list[str]:
         out.append(f"| `{key}.type: {name}` | | {type_help} |")
         out += _rows(cls, key + ".", note=f"[{name}] ")
     return out
-
-
-def _section_class(hint: typing.Any) -> type | None:
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
-        else (hint,)
-    return next((a for a in args if dataclasses.is_dataclass(a)), None)
 
 
 def _fmt(value: typing.Any) -> str:

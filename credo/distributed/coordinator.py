@@ -49,9 +49,7 @@ class RolloutCoordinator:
         ray = cfg.distributed.backend == "ray"
         r = cfg.rollout
         return cls(dp, ray=ray, shard=dp.enabled and not ray and cfg.distributed.rollout == "shard" and shardable,
-                   one_step_off=r.one_step_off, steps=cfg.train.steps,
-                   sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                           max_new_tokens=r.max_new_tokens))
+                   one_step_off=r.one_step_off, steps=cfg.train.steps, sampling=SamplingParams.of(r))
 
     @property
     def follower(self) -> bool:

@@ -73,8 +73,7 @@ def seed_everything(seed: int, threads: int | None = None) -> None:
 
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens)
+    return SamplingParams.of(cfg.rollout)
 
 
 def is_agent_run(cfg: RunConfig, data: TaskData) -> bool:

@@ -151,8 +151,9 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
     ``damaged-step_N`` (kept for inspection, out of pruning, never resumed from)."""
     ckpt = latest_checkpoint(run_dir)
     root = Path(run_dir) / CKPT_DIR
-    for newer in _candidates(root):
-        if (ckpt is None or _step(newer) > _step(ckpt)) and (newer / COMPLETE).is_file():
+    for newer in _candidates(root):  # an intact newer one (a kill before the pointer moved) stays where it is
+        if (ckpt is None or _step(newer) > _step(ckpt)) and (newer / COMPLETE).is_file() \
+                and checkpoint_problem(newer) is not None:
             aside = root / f"damaged-{newer.name}"
             if not aside.exists():
                 newer.rename(aside)

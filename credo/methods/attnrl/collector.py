@@ -48,6 +48,7 @@ from credo.methods.attnrl.config import TreeCollectorConfig
 from credo.methods.attnrl.fci import fci_forward
 from credo.collect.base import CollectorNeeds
 from credo.collect.group import Rollouts, StreamingScorer
+from credo.train.stats import Timer
 from credo.train.stats import rollout_metrics
 from credo.types import RewardResult, SamplingParams, Trajectory
 
@@ -70,10 +71,8 @@ class TreeOptions:
     @classmethod
     def of(cls, cfg) -> "TreeOptions":
         r = cfg.rollout
-        sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                  max_new_tokens=r.max_new_tokens)
         return cls(collector=r.collector, group_size=r.group_size, prompts_per_step=cfg.train.prompts_per_step,
-                   sampling=sampling, seed=cfg.seed, one_step_off=r.one_step_off,
+                   sampling=SamplingParams.of(r), seed=cfg.seed, one_step_off=r.one_step_off,
                    overlong_buffer=cfg.reward.overlong_buffer, overlong_factor=cfg.reward.overlong_penalty)
 
 
@@ -108,7 +107,7 @@ class Branch:
 def collect_tree_rollouts(opts: TreeOptions, engine, runner, sampler, model, tokenizer, *, state: dict[str, Any],
                           step: int, timer=None) -> Rollouts:
     """One step's AttnRL rollouts (module docstring); ``model`` runs the FCI pass (the policy that sampled)."""
-    a, timer, sampling = opts.collector, timer or _NullTimer(), opts.sampling
+    a, timer, sampling = opts.collector, timer or Timer(), opts.sampling  # a throwaway timer when none is given
     n, prompts = opts.group_size, int(state.get("batch_size") or opts.prompts_per_step)
     with StreamingScorer(runner, min_batch=max(1, prompts * n // 4)) as scorer:
         with timer("gen"):
@@ -372,13 +371,6 @@ def _shape(opts: TreeOptions, traj: Trajectory, result: RewardResult) -> RewardR
     pen = overlong_penalty(len(traj.response_ids), max_len=opts.sampling.max_new_tokens, buffer=opts.overlong_buffer,
                            factor=opts.overlong_factor)
     return dataclasses.replace(result, score=result.score + pen, info={**result.info, "overlong_penalty": pen})
-
-
-class _NullTimer:
-    def __call__(self, name):
-        import contextlib
-
-        return contextlib.nullcontext()
 
 
 __all__ = ["Branch", "Problem", "TreeCollector", "TreeOptions", "build_trees", "collect_tree_rollouts", "fci_model",

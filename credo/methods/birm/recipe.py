@@ -42,8 +42,7 @@ def birm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool =
         raise ValueError("rm.method=birm needs a task with a verifier (its step labels are verified continuations)")
     policy, tokenizer, fresh = load_or_build(cfg.model, seed=cfg.seed)
     summary: dict[str, float] = {}
-    sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
-                              max_new_tokens=cfg.rollout.max_new_tokens)
+    sampling = SamplingParams.of(cfg.rollout)
     with MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger, \
             RewardRunner(cfg.reward.name or data.default_reward, fn_kwargs=cfg.reward.kwargs,
                          timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers,
