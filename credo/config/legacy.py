@@ -13,6 +13,8 @@ old                                    new
 ``algo.top_entropy_quantile: q < 1``   ``token_select: {type: entropy, quantile: q}``
 ``vepo: {enabled: true, ...}``         ``token_select: {type: vepo, ...}``
 ``replay: {pool: null, ...}``          ``replay: null``
+``rollout.vllm_dtype``,                ``rollout.vllm.dtype``, ``rollout.vllm.gpu_memory_utilization``
+``rollout.vllm_gpu_memory_utilization``
 ``rm``, ``birm`` (in ``credo train``)  ``credo rm train``'s own config; a section with the old defaults (an old
                                        run's full dump) is dropped, anything else is an error
 =====================================  =====================================================================
@@ -55,6 +57,7 @@ def upgrade(data: dict[str, Any], *, rm_sections: str = "refuse") -> dict[str, A
     _collector_sections(data)
     _algo_keys(data)
     _selector_sections(data)
+    _rollout_keys(data)
     replay = data.get("replay")
     if isinstance(replay, dict) and "pool" in replay and replay["pool"] is None:
         data["replay"] = None  # the old way to switch replay off
@@ -96,6 +99,20 @@ def _algo_keys(data: dict[str, Any]) -> None:
         notice("algo.top_entropy_quantile", "token_select (type: entropy, quantile)")
         if not (isinstance(q, (int, float)) and q >= 1.0):
             _set_choice(data, ("token_select",), {"type": "entropy", "quantile": q}, "algo.top_entropy_quantile")
+
+
+VLLM_KEYS = {"vllm_dtype": "dtype", "vllm_gpu_memory_utilization": "gpu_memory_utilization"}
+
+
+def _rollout_keys(data: dict[str, Any]) -> None:
+    rollout = data.get("rollout")
+    if not isinstance(rollout, dict) or not any(k in rollout for k in VLLM_KEYS):
+        return
+    notice("rollout.vllm_*", "rollout.vllm.*")
+    vllm = _section(data, ("rollout", "vllm"))
+    for old, new in VLLM_KEYS.items():
+        if old in rollout:
+            vllm[new] = rollout.pop(old)
 
 
 def _selector_sections(data: dict[str, Any]) -> None:
@@ -152,7 +169,8 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def is_legacy_key(key: str) -> bool:
     """Whether an override key is an old-layout key that :func:`upgrade` maps."""
     head, _, rest = key.partition(".")
-    return head in ("attnrl", "agent", "vepo") or (head == "algo" and rest in (*GROUP_KEYS, "top_entropy_quantile"))
+    return head in ("attnrl", "agent", "vepo") or (head == "algo" and rest in (*GROUP_KEYS, "top_entropy_quantile")) \
+        or (head == "rollout" and rest in VLLM_KEYS)
 
 
 def upgrade_overrides(legacy: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:

@@ -370,9 +370,9 @@ def validate_distributed(cfg: RunConfig) -> None:
     if d.backend == "ray" and cfg.reward.mix:
         raise ConfigError("reward.mix: not implemented with distributed.backend=ray (the Ray reward workers run one "
                           "verifier); mix in one process or under torchrun")
-    if cfg.rollout.engine == "vllm" and d.backend == "ray":
-        raise ConfigError("rollout.engine=vllm: not implemented for Ray rollout workers yet (they run the hf "
-                          "engine); use distributed.backend=none or torchrun")
+    if cfg.rollout.engine == "vllm" and d.backend == "ray" and cfg.rollout.vllm.mode == "server":
+        raise ConfigError("rollout.vllm.mode=server: not implemented for Ray rollout workers (each worker runs its "
+                          "own in-process vLLM); use rollout.vllm.mode=inprocess")
     if d.strategy == "fsdp2" and d.backend == "none":
         raise ConfigError("distributed.strategy=fsdp2: needs several ranks (distributed.backend=torchrun or ray)")
     if d.backend != "ray" and (d.world_size > 1 or d.inject_faults):

@@ -6,7 +6,8 @@ written (``credo train`` / ``sft`` / ``rm train`` call :func:`preflight` before 
 - ``model.device``: a torch device that exists here (``cuda`` needs CUDA, ``cuda:N`` an N-th GPU);
 - ``model.path`` / ``critic.path``: a Hugging Face directory whose ``config.json`` parses and names a known
   ``model_type`` (a corrupt file is a :class:`ConfigError`, a missing one a ``FileNotFoundError`` as before);
-- ``rollout.engine=vllm``: vLLM installed, importable, with a CUDA GPU;
+- ``rollout.engine=vllm``: vLLM installed and able to run here (its CPU build or CUDA), unless it is a server
+  given by URL; ``rollout.vllm.sleep`` only where vLLM has a sleep mode (CUDA);
 - input files (``task.*_file``, ``rm.*_file``, ``replay.pool``) exist and can be read;
 - the run directory (or the nearest folder above it that exists) accepts a new folder.
 
@@ -36,7 +37,7 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run
     if rl and not resume:
         check_model_dir("critic.path", cfg.critic.path)
     if rl:
-        check_rollout_engine(cfg.rollout.engine)
+        check_rollout_engine(cfg.rollout)
         if cfg.replay is not None and cfg.replay.pool is None:
             raise ConfigError("replay.pool: required to train with a replay section (a pool file from `credo rlep "
                               "collect`, or warm_start); replay: null switches replay off")
@@ -88,15 +89,21 @@ def check_model_dir(key: str, path: str | None) -> None:
         raise ConfigError(f"{key}: {config} names model_type {model_type!r}, which this transformers does not know")
 
 
-def check_rollout_engine(engine: str) -> None:
+def check_rollout_engine(rollout) -> None:
     """``rollout.engine=vllm`` can run here (see :func:`credo.rollout.vllm_engine.vllm_problem`)."""
-    if engine != "vllm":
+    if rollout.engine != "vllm":
         return
     from credo.rollout.vllm_engine import vllm_problem
 
-    problem = vllm_problem()
+    v = rollout.vllm
+    problem = vllm_problem(v.mode, v.url)
     if problem:
         raise ConfigError(f"rollout.engine=vllm: {problem}; use rollout.engine=hf on this machine")
+    if v.sleep and v.mode == "inprocess":
+        from credo.rollout.vllm_transport import on_cpu
+
+        if on_cpu():
+            raise ConfigError("rollout.vllm.sleep: vLLM's CPU build has no sleep mode; set rollout.vllm.sleep=false")
 
 
 def check_input_files(cfg: RunConfig, *, rl: bool = True, extra: tuple[tuple[str, str | None], ...] = ()) -> None:

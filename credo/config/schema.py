@@ -58,6 +58,31 @@ class TaskConfig:
 
 
 @dataclass
+class VLLMConfig:
+    mode: str = opt("inprocess", "inprocess = a vllm.LLM in the trainer's process; server = a vLLM OpenAI-compatible "
+                    "server (given by url, or started by credo on 127.0.0.1)", choices=("inprocess", "server"))
+    url: str | None = opt(None, "mode=server: base URL of a running vLLM server (started with VLLM_SERVER_DEV_MODE=1, "
+                          "--logprobs-mode processed_logprobs, --weight-transfer-config "
+                          "'{\"backend\": \"credo_safetensors\"}'; docs/vllm.md); null = credo starts one")
+    dtype: str = opt("auto", "vLLM's dtype (auto = the checkpoint's; bfloat16, float16, float32)",
+                     choices=("auto", "bfloat16", "float16", "float32"))
+    gpu_memory_utilization: float = opt(0.4, "CUDA: share of the GPU's memory vLLM may take (weights + KV cache)",
+                                        min=0.01, max=1.0)
+    kv_cache_mb: int | None = opt(None, "KV-cache size in MiB (null = 512 on CPU; on CUDA gpu_memory_utilization "
+                                  "decides)", min=1)
+    max_model_len: int | None = opt(None, "longest prompt + response vLLM accepts (null = the model's context)", min=8)
+    enforce_eager: bool | None = opt(None, "no graph compilation / CUDA graphs (null = on for CPU, where compiling "
+                                     "costs ~30 s of start-up; off on CUDA)")
+    sleep: bool = opt(False, "CUDA: vLLM sleeps between rollouts (level 1: weights to host memory, KV cache freed) so "
+                      "the trainer has the GPU memory; the CPU build has no sleep mode")
+    startup_timeout_s: float = opt(600.0, "mode=server: how long credo waits for a server it started", min=1.0)
+    request_timeout_s: float = opt(600.0, "mode=server: per-request time limit", min=1.0)
+    server_concurrency: int = opt(64, "mode=server: requests in flight at once (the server batches them)", min=1)
+    args: dict = opt(None, "extra vllm.LLM keyword arguments (mode=server: server flags, key -> --key)",
+                     factory=dict)
+
+
+@dataclass
 class RolloutConfig:
     group_size: int = opt(8, "samples per prompt (G)", min=1)
     temperature: float = opt(1.0, "sampling temperature", min=0.0)
@@ -67,11 +92,9 @@ class RolloutConfig:
     max_batch_size: int = opt(256, "sequences per generation batch", min=1)
     lean_decode: bool = opt(True, "Llama / Qwen2 models: decode through credo's lean loop on a preallocated KV "
                             "cache (credo.rollout.lean) instead of transformers' generic forward")
-    engine: str = opt("hf", "hf = credo's engine on the policy's device; vllm = a vLLM engine (CUDA GPU and "
-                      "`pip install vllm`; not yet run in this project, docs/distributed.md)", choices=("hf", "vllm"))
-    vllm_gpu_memory_utilization: float = opt(0.4, "engine=vllm: share of the GPU's memory vLLM may take",
-                                             min=0.01, max=1.0)
-    vllm_dtype: str = opt("auto", "engine=vllm: vLLM's dtype (auto, bfloat16, float16, float32)")
+    engine: str = opt("hf", "hf = credo's engine on the policy's device; vllm = a vLLM engine (its CPU build or "
+                      "CUDA vLLM, in process or a server: rollout.vllm, docs/vllm.md)", choices=("hf", "vllm"))
+    vllm: VLLMConfig = opt(None, "engine=vllm: how vLLM runs", factory=lambda: VLLMConfig())
     one_step_off: bool = opt(False, "asynchronous one-step-off-policy mode: step t+1's rollouts are generated "
                              "(by policy t) while step t's update runs; the lag is logged as rollout/policy_lag")
     off_policy_ratio: str = opt("behaviour", "one_step_off: the PPO ratio's denominator; behaviour = the sampler's "
@@ -140,10 +163,12 @@ class AlgoConfig:
     kl_estimator: str = opt("k3", "KL estimator: k1, abs, k2, k3 (+ suffix = straight-through)")
     kl_in_reward: bool = opt(False, "subtract kl_coef * sum_t KL from the sequence reward instead of adding it to the loss")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient (loss -= coef * agg(entropy))")
-    rollout_correction: str = opt("none", "importance weights for the sampler-trainer mismatch, exp(old_logprobs - "
+    rollout_correction: str = opt("auto", "importance weights for the sampler-trainer mismatch, exp(old_logprobs - "
                                   "rollout_logprobs) per token or per sequence, truncated or masked to [rollout_is_low, "
-                                  "rollout_is_high] (credo.algo.rollout_correction)",
-                                  choices=("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+                                  "rollout_is_high] (credo.algo.rollout_correction); auto = token_truncate with "
+                                  "rollout.engine=vllm (engine and trainer differ), none with hf",
+                                  choices=("auto", "none", "token_truncate", "token_mask", "sequence_truncate",
+                                           "sequence_mask"))
     rollout_is_low: float | None = opt(None, "lower bound of the rollout-correction weights (null = none)")
     rollout_is_high: float = opt(2.0, "upper bound of the rollout-correction weights (verl 2.0, TRL 3.0)", min=0.0)
     sft_coef: float = opt(0.0, "weight of an NLL term on fully correct responses (GPPO / CE-GPPO recipes: 0.1)",

@@ -113,7 +113,7 @@ def training_runner(cfg: RunConfig, runner, step: int):
                        seed=cfg.seed, step=step)
 
 
-def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int):
+def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int, log_dir=None):
     """The rollout engine: Ray rollout workers under ``distributed.backend=ray``, else an in-process engine (on a
     copy of the policy in one-step-off mode, whose generation overlaps the update, and for an FSDP2 policy, whose
     own parameters are shards)."""
@@ -123,19 +123,27 @@ def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int):
 
         return RolloutPool(model, tokenizer, workers=d.rollout_workers, seed=seed, max_batch_size=r.max_batch_size,
                            lean=r.lean_decode, num_cpus=d.worker_cpus, num_gpus=d.rollout_gpus,
-                           threads=cfg.train.threads or 1, faults=injected_faults(cfg, "rollout"))
+                           threads=cfg.train.threads or 1, faults=injected_faults(cfg, "rollout"),
+                           vllm=vllm_options(cfg) if r.engine == "vllm" else None)
     if r.engine == "vllm":
-        from credo.rollout.vllm_engine import VLLMRolloutEngine, VLLMUnavailable, vllm_available
+        from credo.rollout.vllm_engine import VLLMRolloutEngine, VLLMUnavailable, vllm_problem
 
-        if not vllm_available():
-            raise VLLMUnavailable("rollout.engine=vllm needs a CUDA GPU and vLLM (pip install vllm); "
-                               "use rollout.engine=hf on this machine")
-        kwargs = dict(seed=seed, gpu_memory_utilization=r.vllm_gpu_memory_utilization, dtype=r.vllm_dtype)
+        opts = vllm_options(cfg)
+        problem = vllm_problem(opts.mode, opts.url)
+        if problem:
+            raise VLLMUnavailable(f"rollout.engine=vllm: {problem}; use rollout.engine=hf on this machine")
         if cfg.model.path:
-            return VLLMRolloutEngine(cfg.model.path, tokenizer, **kwargs)
-        return VLLMRolloutEngine.from_model(model, tokenizer, **kwargs)
+            return VLLMRolloutEngine(cfg.model.path, tokenizer, seed=seed, options=opts, log_dir=log_dir)
+        return VLLMRolloutEngine.from_model(model, tokenizer, seed=seed, options=opts, log_dir=log_dir)
     served = copy.deepcopy(model) if r.one_step_off or d.strategy == "fsdp2" else model
     return HFRolloutEngine(served, tokenizer, seed=seed, max_batch_size=r.max_batch_size, lean=r.lean_decode)
+
+
+def vllm_options(cfg: RunConfig):
+    """The ``rollout.vllm`` section as the engine's options."""
+    from credo.rollout.vllm_transport import VLLMOptions
+
+    return VLLMOptions.of(cfg.rollout.vllm)
 
 
 def injected_faults(cfg: RunConfig, kind: str) -> dict[int, int]:

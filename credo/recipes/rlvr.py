@@ -159,7 +159,7 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
     optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
     engine = None
     if not rollout.follower:  # Ray mode: rank 0 alone drives the rollout and reward pools
-        engine = rollout_engine(cfg, model, tokenizer, seed=rollout.engine_seed(cfg.seed))
+        engine = rollout_engine(cfg, model, tokenizer, seed=rollout.engine_seed(cfg.seed), log_dir=run_dir)
         stack.callback(engine.close)
     sampler = rollout.sampler(PromptSampler(data.train, seed=cfg.seed))
     collector = build_collector(cfg, engine=engine, runner=runner, model=model, tokenizer=tokenizer, data=data,

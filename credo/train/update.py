@@ -52,10 +52,19 @@ class LossSpec:
         a = cfg.algo
         return cls(policy_loss=a.policy_loss, agg=a.agg, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
                    kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, sft_coef=a.sft_coef,
-                   sft_correct_score=a.sft_correct_score, rollout_correction=a.rollout_correction,
+                   sft_correct_score=a.sft_correct_score, rollout_correction=rollout_correction_mode(cfg),
                    rollout_is_low=a.rollout_is_low, rollout_is_high=a.rollout_is_high,
                    loss_scale_factor=a.loss_scale_factor, max_new_tokens=cfg.rollout.max_new_tokens,
                    policy_loss_args=dict(a.policy_loss_args))
+
+
+def rollout_correction_mode(cfg) -> str:
+    """``algo.rollout_correction`` with ``auto`` resolved: ``token_truncate`` where the sampler is another engine
+    than the trainer (``rollout.engine=vllm``), ``none`` where it is credo's own (log-probs agree to ~1e-6)."""
+    mode = cfg.algo.rollout_correction
+    if mode != "auto":
+        return mode
+    return "token_truncate" if cfg.rollout.engine == "vllm" else "none"
 
 
 @dataclass(frozen=True)

