@@ -76,7 +76,7 @@ def describe(names: list[str]) -> str:
 def hide_broken_addons() -> list[str]:
     """Make ``import NAME`` fail cleanly (and ``importlib.util.find_spec(NAME)`` return None, which is how
     transformers decides) for every broken add-on in this process; warns once. Returns their names."""
-    names = [n for n in broken_addons() if n not in sys.modules or sys.modules[n] is None]
+    names = [n for n in broken_addons() if n not in sys.modules]  # not imported, not hidden yet
     for name in names:
         sys.modules[name] = None  # type: ignore[assignment]
     if names:

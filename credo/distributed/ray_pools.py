@@ -85,6 +85,30 @@ class RolloutWorker(_Crashable):
         return self.engine.continue_ids(prefixes, sampling, stream=stream, **kwargs)
 
 
+class VLLMRolloutWorker(RolloutWorker):
+    """One vLLM engine (in process, :class:`~credo.rollout.vllm_engine.VLLMRolloutEngine`) in its own actor: it
+    starts on the architecture with freshly initialised weights, saved to its own temporary folder (so it needs
+    nothing from the driver's disk), and serves the trainer's weights from the pool's first sync on."""
+
+    def __init__(self, model_config: Any, tokenizer: Any, *, dtype: torch.dtype, options: Any, seed: int,
+                 threads: int, crash_on_call: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from credo.rollout.vllm_engine import VLLMRolloutEngine
+
+        torch.set_num_threads(max(threads, 1))
+        model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
+        self.engine = VLLMRolloutEngine.from_model(model, tokenizer, seed=seed, options=options)
+        self._arm(crash_on_call)
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
+        self.engine.update_weights(state, version=version)
+        return version
+
+    def close(self) -> None:
+        self.engine.close()
+
+
 class RewardWorker(_Crashable):
     """One reward runner in its own process."""
 
@@ -197,7 +221,7 @@ class RolloutPool:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, workers: int, seed: int = 0,
                  max_batch_size: int = 256, lean: bool = True, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 threads: int = 1, faults: dict[int, int] | None = None) -> None:
+                 threads: int = 1, faults: dict[int, int] | None = None, vllm: Any = None) -> None:
         self.tokenizer = tokenizer
         self.model_config = model.config
         self.generator = torch.Generator(device="cpu")
@@ -205,11 +229,15 @@ class RolloutPool:
         self.policy_version = 0
         dtype = next(model.parameters()).dtype
         config = model.config
-        make = lambda: ((config, tokenizer), dict(dtype=dtype, max_batch_size=max_batch_size, lean=lean,
-                                                  threads=threads))
+        if vllm is None:  # credo's engine in each worker
+            cls, extra = RolloutWorker, dict(max_batch_size=max_batch_size, lean=lean)
+        else:  # a vLLM engine in each worker (rollout.engine=vllm): options = rollout.vllm
+            cls, extra = VLLMRolloutWorker, dict(options=vllm, seed=seed)
+        make = lambda: ((config, tokenizer), dict(dtype=dtype, threads=threads, **extra))
         self._weights = None  # ObjectRef of the served weights (replacements load it)
-        self.workers = WorkerSet("rollout", RolloutWorker, workers, make, num_cpus=num_cpus, num_gpus=num_gpus,
+        self.workers = WorkerSet("rollout", cls, workers, make, num_cpus=num_cpus, num_gpus=num_gpus,
                                  faults=faults, on_replace=self._prime)
+        self._closes = vllm is not None  # vLLM workers stop their engine (and its processes, its folder) first
         self.update_weights(model, version=0)
 
     @property
@@ -267,6 +295,12 @@ class RolloutPool:
         self.generator.set_state(state["generator"])
 
     def close(self) -> None:
+        if self._closes and self.workers.actors:
+            ray = _ray()
+            try:
+                ray.get([a.close.remote() for a in self.workers.actors], timeout=120)
+            except Exception as exc:  # noqa: BLE001 - a dead worker cannot close; the kill below still ends it
+                log.warning("rollout workers did not all close cleanly (%s)", type(exc).__name__)
         self.workers.close()
 
 

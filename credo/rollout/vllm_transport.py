@@ -212,10 +212,8 @@ class ServerVLLM:
     def _start(self, model_path: str | Path | None, *, seed: int, log_dir: str | Path | None) -> str:
         if model_path is None:
             raise ValueError("rollout.vllm.mode=server: no server URL and no model folder to start one with")
-        from credo.rollout.vllm_setup import cpu_build_installed
-
         port = free_port()
-        cmd = server_command(model_path, port=port, seed=seed, opts=self.opts, cpu=cpu_build_installed())
+        cmd = server_command(model_path, port=port, seed=seed, opts=self.opts, cpu=on_cpu())
         log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="credo-vllm-server-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / "vllm_server.log"
