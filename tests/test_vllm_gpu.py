@@ -1,5 +1,6 @@
 """rollout.engine=vllm where vLLM cannot run (the default run: a clear error, never a hang), and the CUDA-only part
-of the engine (sleep mode; `python -m pytest -m "vllm and gpu"` on a GPU machine). The engine itself is tested
+of the engine (sleep mode, marked `gpu` only, so that `-m vllm` on a CPU selects nothing it must skip; on a GPU
+machine run `python -m pytest -m "vllm or gpu"`). The engine itself is tested
 on any vLLM in tests/test_vllm.py (`-m vllm`)."""
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ def test_vllm_engine_is_refused_clearly_where_vllm_cannot_run(tmp_path):
                  "warm_start.steps=1"]) == 2  # the preflight's one-line config error, before any work
 
 
-@pytest.mark.vllm
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU build has none)")
 def test_sleep_mode_frees_the_gpu_between_rollouts_and_wakes_for_the_next():

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -91,14 +94,14 @@ class VLLMRolloutWorker(RolloutWorker):
     nothing from the driver's disk), and serves the trainer's weights from the pool's first sync on."""
 
     def __init__(self, model_config: Any, tokenizer: Any, *, dtype: torch.dtype, options: Any, seed: int,
-                 threads: int, crash_on_call: int | None = None) -> None:
+                 threads: int, scratch: str, crash_on_call: int | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         from credo.rollout.vllm_engine import VLLMRolloutEngine
 
         torch.set_num_threads(max(threads, 1))
         model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
-        self.engine = VLLMRolloutEngine.from_model(model, tokenizer, seed=seed, options=options)
+        self.engine = VLLMRolloutEngine.from_model(model, tokenizer, seed=seed, options=options, scratch=scratch)
         self._arm(crash_on_call)
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
@@ -229,10 +232,15 @@ class RolloutPool:
         self.policy_version = 0
         dtype = next(model.parameters()).dtype
         config = model.config
+        self._rm_scratch: weakref.finalize | None = None
         if vllm is None:  # credo's engine in each worker
             cls, extra = RolloutWorker, dict(max_batch_size=max_batch_size, lean=lean)
         else:  # a vLLM engine in each worker (rollout.engine=vllm): options = rollout.vllm
-            cls, extra = VLLMRolloutWorker, dict(options=vllm, seed=seed)
+            # the workers' model folders go under one folder of the pool's, removed with the pool (a worker that
+            # dies cannot remove its own)
+            scratch = tempfile.mkdtemp(prefix="credo-vllm-pool-")
+            self._rm_scratch = weakref.finalize(self, shutil.rmtree, scratch, ignore_errors=True)
+            cls, extra = VLLMRolloutWorker, dict(options=vllm, seed=seed, scratch=scratch)
         make = lambda: ((config, tokenizer), dict(dtype=dtype, threads=threads, **extra))
         self._weights = None  # ObjectRef of the served weights (replacements load it)
         self.workers = WorkerSet("rollout", cls, workers, make, num_cpus=num_cpus, num_gpus=num_gpus,
@@ -302,6 +310,8 @@ class RolloutPool:
             except Exception as exc:  # noqa: BLE001 - a dead worker cannot close; the kill below still ends it
                 log.warning("rollout workers did not all close cleanly (%s)", type(exc).__name__)
         self.workers.close()
+        if self._rm_scratch is not None:
+            self._rm_scratch()
 
 
 class RewardPool:

@@ -117,12 +117,16 @@ class VLLMRolloutEngine:
         self._cleanup: weakref.finalize | None = None  # removes a temporary model folder (from_model)
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, tokenizer: Any, **kwargs: Any) -> "VLLMRolloutEngine":
-        """An engine for a model held in memory, saved to a temporary folder for vLLM to load; the folder is
-        deleted with the engine (module docstring), or here if saving or starting the engine fails."""
+    def from_model(cls, model: torch.nn.Module, tokenizer: Any, *, scratch: str | Path | None = None,
+                   **kwargs: Any) -> "VLLMRolloutEngine":
+        """An engine for a model held in memory, saved to a temporary folder (under ``scratch``, else the system's
+        temporary directory) for vLLM to load; the folder is deleted with the engine (module docstring), or here if
+        saving or starting the engine fails."""
         from credo.models.build import save_model
 
-        path = Path(tempfile.mkdtemp(prefix="credo-vllm-"))
+        if scratch is not None:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix="credo-vllm-", dir=scratch))
         try:
             save_model(model, tokenizer, path)
             engine = cls(path, tokenizer, **kwargs)
