@@ -64,7 +64,8 @@ class VLLMConfig:
     url: str | None = opt(None, "mode=server: base URL of a running vLLM server (started with VLLM_SERVER_DEV_MODE=1, "
                           "--logprobs-mode processed_logprobs, --weight-transfer-config "
                           "'{\"backend\": \"credo_safetensors\"}'; docs/vllm.md); null = credo starts one")
-    dtype: str = opt("auto", "vLLM's dtype (auto = the checkpoint's; bfloat16, float16, float32)",
+    dtype: str = opt("auto", "vLLM's dtype (auto = the trainer's, model.dtype; vLLM's own auto would run a float32 "
+                     "checkpoint in bfloat16)",
                      choices=("auto", "bfloat16", "float16", "float32"))
     gpu_memory_utilization: float = opt(0.4, "CUDA: share of the GPU's memory vLLM may take (weights + KV cache)",
                                         min=0.01, max=1.0)

@@ -140,10 +140,14 @@ def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int, log_dir=None)
 
 
 def vllm_options(cfg: RunConfig):
-    """The ``rollout.vllm`` section as the engine's options."""
+    """The ``rollout.vllm`` section as the engine's options; ``dtype: auto`` is the trainer's (``model.dtype``),
+    not vLLM's own ``auto``, which runs a float32 checkpoint in bfloat16 (log-probs then differ by ~5e-3)."""
+    from dataclasses import replace
+
     from credo.rollout.vllm_transport import VLLMOptions
 
-    return VLLMOptions.of(cfg.rollout.vllm)
+    opts = VLLMOptions.of(cfg.rollout.vllm)
+    return replace(opts, dtype=cfg.model.dtype) if opts.dtype == "auto" else opts
 
 
 def injected_faults(cfg: RunConfig, kind: str) -> dict[int, int]:

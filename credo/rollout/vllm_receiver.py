@@ -2,8 +2,8 @@
 
 Imported only inside vLLM's processes (vLLM loads it through the ``vllm.general_plugins`` entry point that
 ``pyproject.toml`` declares, :func:`credo.rollout.vllm_sync.register`). vLLM's built-in backends (``nccl``,
-``ipc``, ...) move tensors over NCCL or CUDA IPC and so need a GPU; this one carries each chunk as a base64
-safetensors blob inside the update request itself, so the same path works on vLLM's CPU build, on CUDA, in
+``ipc``, ...) move tensors over NCCL or CUDA IPC and so need a GPU; this one carries each chunk as a
+safetensors blob inside the update request itself (raw bytes in process, base64 over HTTP), so the same path works on vLLM's CPU build, on CUDA, in
 process (``LLM.update_weights``) and over HTTP (a server's ``/update_weights``). Safetensors holds tensors only:
 a request cannot make the server run code.
 
@@ -29,7 +29,8 @@ class SafetensorsInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class SafetensorsUpdateInfo(WeightTransferUpdateInfo):
-    blob: str  # base64 of one safetensors file (a chunk of the state dict, names as in the HF checkpoint)
+    blob: str | bytes  # one safetensors file (a chunk of the state dict, names as in the HF checkpoint): raw bytes
+    # in process, base64 text over HTTP
 
 
 class SafetensorsWeightReceiver(WeightTransferEngine[SafetensorsInitInfo, SafetensorsUpdateInfo]):
@@ -46,7 +47,8 @@ class SafetensorsWeightReceiver(WeightTransferEngine[SafetensorsInitInfo, Safete
         initialize_layerwise_reload(self.model)
 
     def receive_weights(self, update_info: SafetensorsUpdateInfo) -> None:
-        tensors = load_safetensors(base64.b64decode(update_info.blob))
+        blob = update_info.blob
+        tensors = load_safetensors(base64.b64decode(blob) if isinstance(blob, str) else blob)
         self.model.load_weights(iter(tensors.items()))
 
     def finish_weight_update(self) -> None:

@@ -2,8 +2,8 @@
 
 A sync is vLLM's own RL weight-transfer protocol: ``start_weight_update``, one ``update_weights`` per chunk,
 ``finish_weight_update(weight_version)``, driven in process through ``vllm.LLM``'s methods or over HTTP through a
-server's routes of the same names (:class:`HTTPWeightSync`). Each chunk is ``{"blob": base64 safetensors}`` of at
-most ``chunk_bytes`` of tensors, for the ``credo_safetensors`` backend that :func:`register` adds to vLLM.
+server's routes of the same names (:class:`HTTPWeightSync`). Each chunk is ``{"blob": safetensors}`` (raw bytes in
+process, base64 over HTTP) of at most ``chunk_bytes`` of tensors, for the ``credo_safetensors`` backend that :func:`register` adds to vLLM.
 
 This module does not import vLLM (a trainer that talks to a server on another machine needs none).
 """
@@ -33,36 +33,43 @@ def register() -> None:
         pass
 
 
-def weight_chunks(state: dict[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[dict[str, str]]:
-    """The state dict as update requests: ``{"blob": base64 safetensors}``, each at most ``chunk_bytes`` of
-    tensor data (a larger single tensor goes alone). Tensors that share storage (tied embeddings) are cloned,
-    which safetensors requires."""
+def weight_chunks(state: dict[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BYTES,
+                  text: bool = True) -> Iterator[dict[str, str | bytes]]:
+    """The state dict as update requests: ``{"blob": safetensors}``, base64 text for JSON (``text=True``, HTTP)
+    or raw bytes (in process), each at most ``chunk_bytes`` of tensor data (a larger single tensor goes alone).
+    A tensor that shares its storage with one already sent (tied embeddings: ``lm_head.weight`` is
+    ``embed_tokens.weight``) is skipped, since vLLM ties the same weights; a view of part of a storage is cloned
+    (safetensors requires whole storages); a sharded tensor (FSDP2's DTensor) is gathered whole first."""
     chunk: dict[str, torch.Tensor] = {}
     size, seen = 0, set()
     for name, tensor in state.items():
-        t = tensor.detach().to("cpu").contiguous()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        if key in seen or t.untyped_storage().nbytes() != t.nbytes:
-            t = t.clone()
+        full = getattr(tensor, "full_tensor", None)
+        t = (full() if callable(full) else tensor).detach().to("cpu").contiguous()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:
+            continue
         seen.add(key)
+        if t.untyped_storage().nbytes() != t.nbytes:
+            t = t.clone()
         nbytes = t.numel() * t.element_size()
         if chunk and size + nbytes > chunk_bytes:
-            yield _blob(chunk)
+            yield _blob(chunk, text)
             chunk, size = {}, 0
         chunk[name] = t
         size += nbytes
     if chunk:
-        yield _blob(chunk)
+        yield _blob(chunk, text)
 
 
-def _blob(chunk: dict[str, torch.Tensor]) -> dict[str, str]:
-    return {"blob": base64.b64encode(save_safetensors(chunk)).decode("ascii")}
+def _blob(chunk: dict[str, torch.Tensor], text: bool) -> dict[str, str | bytes]:
+    data = save_safetensors(chunk)
+    return {"blob": base64.b64encode(data).decode("ascii") if text else data}
 
 
 def sync_in_process(llm: Any, state: dict[str, torch.Tensor], *, version: int, chunk_bytes: int = CHUNK_BYTES) -> None:
     """One versioned sync into a ``vllm.LLM`` built with ``weight_transfer_config={"backend": BACKEND}``."""
     llm.start_weight_update()
-    for info in weight_chunks(state, chunk_bytes=chunk_bytes):
+    for info in weight_chunks(state, chunk_bytes=chunk_bytes, text=False):
         llm.update_weights({"update_info": info})
     llm.finish_weight_update(weight_version=str(version))
 
