@@ -195,3 +195,24 @@ def test_server_mode_generates_syncs_and_versions(server_engine, engine, policy)
     server_engine.update_weights(model, version=8)
     assert [t.response_ids for t in server_engine.generate(PROMPTS, 1, greedy)] == \
         [t.response_ids for t in engine.generate(PROMPTS, 1, greedy)] != changed
+
+
+def test_a_server_given_by_url_is_driven_and_left_running(server_engine, policy):
+    """rollout.vllm.url: an engine on a server someone else started (here: the fixture's) generates and syncs
+    with the same requests, and closing it leaves the server up."""
+    from credo.rollout.vllm_engine import VLLMRolloutEngine
+
+    model, tok = policy
+    url = server_engine.transport.url
+    guest = VLLMRolloutEngine(None, tok, seed=0, options=_options(mode="server", url=url))
+    try:
+        assert guest.transport.proc is None  # nothing started
+        greedy = SamplingParams(max_new_tokens=8, greedy=True)
+        assert [t.response_ids for t in guest.generate(PROMPTS, 1, greedy)] == \
+            [t.response_ids for t in server_engine.generate(PROMPTS, 1, greedy)]
+        guest.update_weights(model, version=11)
+        assert server_engine.served_version() == "11"
+    finally:
+        guest.close()
+    assert server_engine.generate(PROMPTS[:1], 1, greedy)[0].policy_version == server_engine.policy_version
+

@@ -38,19 +38,19 @@ def weight_chunks(state: dict[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BY
     """The state dict as update requests: ``{"blob": safetensors}``, base64 text for JSON (``text=True``, HTTP)
     or raw bytes (in process), each at most ``chunk_bytes`` of tensor data (a larger single tensor goes alone).
     A tensor that shares its storage with one already sent (tied embeddings: ``lm_head.weight`` is
-    ``embed_tokens.weight``) is skipped, since vLLM ties the same weights; a view of part of a storage is cloned
-    (safetensors requires whole storages); a sharded tensor (FSDP2's DTensor) is gathered whole first."""
+    ``embed_tokens.weight``) is cloned and sent too: vLLM's CPU build keeps its own processed copy of a tied head,
+    which stays stale when only the embedding arrives (tests/test_vllm.py caught it); a view of part of a storage
+    is cloned as well (safetensors requires whole storages); a sharded tensor (FSDP2's DTensor) is gathered whole
+    first."""
     chunk: dict[str, torch.Tensor] = {}
     size, seen = 0, set()
     for name, tensor in state.items():
         full = getattr(tensor, "full_tensor", None)
         t = (full() if callable(full) else tensor).detach().to("cpu").contiguous()
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in seen:
-            continue
-        seen.add(key)
-        if t.untyped_storage().nbytes() != t.nbytes:
+        if key in seen or t.untyped_storage().nbytes() != t.nbytes:
             t = t.clone()
+        seen.add(key)
         nbytes = t.numel() * t.element_size()
         if chunk and size + nbytes > chunk_bytes:
             yield _blob(chunk, text)
