@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from credo.procs import reap_when_gone
 from credo.rollout.vllm_sync import BACKEND, HTTPWeightSync, sync_in_process
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def server_command(model_path: str | Path, *, port: int, seed: int, opts: VLLMOp
     for key, value in engine_kwargs(opts, seed=seed, cpu=cpu).items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
-            cmd += [flag] if value else ([f"--no-{key.replace('_', '-')}"] if key == "enforce_eager" else [])
+            cmd += [flag if value else f"--no-{key.replace('_', '-')}"]
         elif isinstance(value, dict):
             cmd += [flag, json.dumps(value)]
         else:
@@ -191,7 +192,8 @@ def _stop_process(proc: subprocess.Popen) -> None:
 
 class ServerVLLM:
     """A vLLM server at ``url``, or one started here (then stopped by :meth:`close`, at interpreter exit, or
-    when this object is collected). A server given by URL must run with ``VLLM_SERVER_DEV_MODE=1``,
+    when this object is collected; if this process is killed outright, by a :func:`credo.procs.reap_when_gone`
+    watcher). A server given by URL must run with ``VLLM_SERVER_DEV_MODE=1``,
     ``--logprobs-mode processed_logprobs`` and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``
     in an environment where credo is installed (docs/vllm.md)."""
 
@@ -221,6 +223,9 @@ class ServerVLLM:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self._stop = weakref.finalize(self, _stop_process, self.proc)
+        # killed with SIGKILL, this process runs no finalizer: a watcher then kills whatever holds the server's log
+        # open (the server and vLLM's engine processes, which inherit it)
+        reap_when_gone(str(self.log_path))
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + self.opts.startup_timeout_s
         while time.monotonic() < deadline:
