@@ -49,8 +49,9 @@ class TaskConfig:
     train_file: str | None = opt(None, "JSONL/Parquet training file (task.name=file)")
     eval_file: str | None = opt(None, "JSONL/Parquet eval file; null = hold out eval_fraction of train_file")
     eval_fraction: float = opt(0.1, "held-out fraction when no eval_file is given", min=0.0, max=0.9)
-    prompt_field: str = opt("prompt", "prompt field of file rows")
-    answer_field: str = opt("answer", "answer field of file rows")
+    prompt_field: str = opt("prompt", "prompt field of file rows (a string or chat messages; a dotted path reaches "
+                            "into nested objects)")
+    answer_field: str = opt("answer", "answer field of file rows (dotted path allowed: reward_model.ground_truth)")
     on_bad_row: str = opt("skip", "malformed file rows: skip (and count) or error", choices=("skip", "error"))
     max_bad_rows: int | None = opt(None, "fail when more rows than this are malformed")
     max_row_bytes: int = opt(1 << 20, "file rows longer than this many bytes are bad rows (a JSONL line is never "

@@ -7,9 +7,13 @@
     ds.bad_rows      # list[BadRow(path, line, reason)]
     train, eval_ = split_examples(ds.examples, eval_fraction=0.1, seed=0)
 
-Each row needs a non-empty string prompt and a string answer (numbers are accepted and converted
-with ``str``). Every other field of the row goes into ``Example.meta``, so columns such as
-Countdown's ``numbers`` and ``target`` reach the verifier. Bad rows are either fatal
+Each row needs a non-empty prompt and a string answer (numbers are accepted and converted with ``str``). A
+prompt is a string or a list of chat messages (``[{"role": "user", "content": "..."}]``, TRL's conversational
+layout and verl's parquet layout): the messages go into ``Example.meta["prompt_messages"]`` (rendered with the
+tokenizer's chat template by :func:`credo.data.source.format_prompts`) and ``Example.prompt`` holds credo's plain
+rendering of them (:func:`plain_chat`). A field is named by a dotted path into nested objects
+(``reward_model.ground_truth``); a key that itself contains the dots wins. Every other top-level field of the row
+goes into ``Example.meta``, so columns such as Countdown's ``numbers`` and ``target`` reach the verifier. Bad rows are either fatal
 (``on_bad_row="error"``) or skipped, recorded and reported in one warning (``on_bad_row="skip"``);
 they are never dropped silently. Line numbers are 1-based physical lines for JSONL and 1-based row
 indices for Parquet.
@@ -160,7 +164,7 @@ def _iter_parquet(path: str, fields: _Fields, max_bytes: int) -> Iterator[_RawRo
     pf = pq.ParquetFile(path)
     columns = pf.schema_arrow.names
     for role, name in (("prompt", fields.prompt), ("answer", fields.answer), ("uid", fields.uid)):
-        if name is not None and name not in columns:
+        if name is not None and name not in columns and name.split(".")[0] not in columns:
             raise DatasetError(
                 f"{path}: no {role} column {name!r}; available columns: {', '.join(columns) or 'none'}"
             )
@@ -181,11 +185,27 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+_MISSING = object()
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _lookup(row: dict[str, Any], name: str) -> Any:
+    """``row[name]``, else the dotted path ``a.b.c`` through nested objects; ``_MISSING`` when absent."""
+    if name in row:
+        return row[name]
+    node: Any = row
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
 def _get_text(row: dict[str, Any], name: str, *, numbers_ok: bool) -> tuple[str | None, str]:
     """The field as a string, or ``(None, reason)``."""
-    if name not in row:
+    value = _lookup(row, name)
+    if value is _MISSING:
         return None, f"missing field {name!r}"
-    value = row[name]
     if value is None:
         return None, f"field {name!r} is null"
     if isinstance(value, str):
@@ -198,11 +218,44 @@ def _get_text(row: dict[str, Any], name: str, *, numbers_ok: bool) -> tuple[str 
     return None, f"field {name!r} must be {kind}, got {_type_name(value)}"
 
 
+def plain_chat(messages: list[dict[str, str]]) -> str:
+    """credo's rendering of chat messages for a tokenizer without a chat template: a lone user message is its
+    content; otherwise one ``role: content`` line per message and an opened ``assistant:`` turn."""
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return messages[0]["content"]
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+
+def _get_messages(value: Any, name: str) -> tuple[list[dict[str, str]] | None, str]:
+    """A chat-message list (each ``{"role": ..., "content": str}``, some user message), or ``(None, reason)``."""
+    if not value:
+        return None, f"field {name!r} is an empty message list"
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in CHAT_ROLES:
+            return None, (f"field {name!r}: message {i} must be {{role: {'/'.join(CHAT_ROLES)}, content: string}}, "
+                          f"got {m!r:.80}")
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["role"] == "user" for m in out):
+        return None, f"field {name!r}: no user message"
+    return out, ""
+
+
+def _get_prompt(row: dict[str, Any], name: str) -> tuple[str | None, list | None, str]:
+    """The prompt as ``(text, messages or None, "")``, or ``(None, None, reason)``."""
+    value = _lookup(row, name)
+    if isinstance(value, list):
+        messages, why = _get_messages(value, name)
+        return (plain_chat(messages), messages, "") if messages else (None, None, why)
+    text, why = _get_text(row, name, numbers_ok=False)
+    return text, None, why
+
+
 def _to_example(row: Any, line: int, base: str, fields: _Fields) -> tuple[Example | None, str]:
     """Validate one parsed row; returns ``(example, "")`` or ``(None, reason)``."""
     if not isinstance(row, dict):
         return None, f"row must be a JSON object, got {_type_name(row)}"
-    prompt, why = _get_text(row, fields.prompt, numbers_ok=False)
+    prompt, messages, why = _get_prompt(row, fields.prompt)
     if prompt is None:
         return None, why
     if not prompt.strip():
@@ -217,6 +270,8 @@ def _to_example(row: Any, line: int, base: str, fields: _Fields) -> tuple[Exampl
             return None, why
     used = {fields.prompt, fields.answer, fields.uid}
     meta = {k: v for k, v in row.items() if k not in used}
+    if messages is not None:
+        meta["prompt_messages"] = messages
     return Example(prompt=prompt, answer=answer, uid=uid, meta=meta), ""
 
 

@@ -30,14 +30,23 @@ class TaskData:
 
 def format_prompts(data: TaskData, tokenizer, *, template: str = "{prompt}", chat: bool = False) -> TaskData:
     """Rewrite every prompt as ``template.format(prompt=...)`` and, with ``chat``, as a user message wrapped in
-    the tokenizer's chat template with the assistant turn opened (instruct models). Answers are untouched."""
-    if template == "{prompt}" and not chat:
+    the tokenizer's chat template with the assistant turn opened (instruct models). A prompt that came as chat
+    messages (``meta["prompt_messages"]``, :mod:`credo.data.files`) is rendered with the tokenizer's chat
+    template when it has one and stays credo's plain rendering otherwise; ``template`` does not apply to it.
+    Answers are untouched."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if template == "{prompt}" and not chat and not (has_template and _any_messages(data)):
         return data
-    if chat and not getattr(tokenizer, "chat_template", None):
+    if chat and not has_template:
         raise ValueError("task.chat_template=true but the tokenizer has no chat template (credo's tiny models "
                          "have none: use it with a pretrained instruct model)")
 
     def fmt(ex: Example) -> Example:
+        if "prompt_messages" in ex.meta:
+            if not has_template:
+                return ex
+            return dataclasses.replace(ex, prompt=tokenizer.apply_chat_template(
+                ex.meta["prompt_messages"], tokenize=False, add_generation_prompt=True))
         text = template.format(prompt=ex.prompt)
         if chat:
             text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
@@ -46,6 +55,10 @@ def format_prompts(data: TaskData, tokenizer, *, template: str = "{prompt}", cha
 
     return dataclasses.replace(data, train=[fmt(e) for e in data.train], eval=[fmt(e) for e in data.eval],
                                stage_train=[[fmt(e) for e in st] for st in data.stage_train])
+
+
+def _any_messages(data: TaskData) -> bool:
+    return any("prompt_messages" in ex.meta for ex in (*data.train, *data.eval))
 
 
 def load_task_data(cfg, *, seed: int) -> TaskData:
