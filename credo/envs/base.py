@@ -66,6 +66,9 @@ class EnvSpec:
     instruction: str  # what the agent is told once, before the first observation
     params: dict[str, Any] = field(default_factory=dict)  # parameter defaults
     oracle: Callable[..., Any] | None = None  # oracle(env, observation) -> next action text (for SFT warm starts)
+    # the environment's own action words, as AgentGym's clients send them ("move down", "f r o w n") -> credo's
+    # "kind:argument" action, or None (credo.envs.server accepts both)
+    native: Callable[[str], str | None] | None = None
 
 
 ENVS: dict[str, EnvSpec] = {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import operator
 import random
+import re
 from collections import deque
 
 from credo.envs.base import ActionParser, EnvSpec, StepResult, register_env
@@ -166,9 +167,15 @@ def maze_oracle(env: MazeEnv, observation: str) -> str:
     return f"<move>{env.shortest_path()[0]}</move>"
 
 
+def maze_native(text: str) -> str | None:
+    """AgentGym's maze words: ``move down`` (or a bare ``down``) -> ``move:down``."""
+    m = re.fullmatch(r"(?:move\s+)?(up|down|left|right)\.?", text.strip().lower())
+    return f"move:{m.group(1)}" if m else None
+
+
 register_env(EnvSpec(
     name="maze", factory=MazeEnv, parser=ActionParser(("move",)), params={"size": 4, "wall_fraction": 0.0},
-    instruction="Reach the goal. Use <move>up|down|left|right</move>.", oracle=maze_oracle))
+    instruction="Reach the goal. Use <move>up|down|left|right</move>.", oracle=maze_oracle, native=maze_native))
 
 # ------------------------------------------------------------------------------------------------ wordle
 
@@ -224,6 +231,14 @@ def wordle_oracle(env: WordleEnv, observation: str) -> str:
     return f"<guess>{candidates[0]}</guess>"
 
 
+def wordle_native(text: str) -> str | None:
+    """AgentGym's wordle words: space-separated letters (``f r o w n``) or the word -> ``guess:frown``."""
+    t = text.strip().lower()
+    if re.fullmatch(r"[a-z](?: [a-z])+", t):
+        t = t.replace(" ", "")
+    return f"guess:{t}" if re.fullmatch(r"[a-z]+", t) else None
+
+
 register_env(EnvSpec(
     name="wordle", factory=WordleEnv, parser=ActionParser(("guess",)), params={},
-    instruction="Find the word. Use <guess>word</guess>.", oracle=wordle_oracle))
+    instruction="Find the word. Use <guess>word</guess>.", oracle=wordle_oracle, native=wordle_native))

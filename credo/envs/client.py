@@ -100,9 +100,9 @@ class HTTPEnvClient:
             self.env_id = self._create()
         body = self._call("POST", "/reset", {"id": self.env_id, "env_idx": self.env_id, "data_idx": task_id})
         obs = _field(body, "observation", "state", "obs")
-        if obs is None:
-            obs = _field(self._call("GET", f"/observation?id={self.env_id}&env_idx={self.env_id}"), "observation",
-                         "state", "obs")
+        if obs is None:  # a bare string (AgentGym servers) or an object with the text
+            got = self._call("GET", f"/observation?id={self.env_id}&env_idx={self.env_id}")
+            obs = got if isinstance(got, str) else _field(got, "observation", "state", "obs")
         if not isinstance(obs, str):
             raise EnvError(f"{self.name}: reset returned no observation: {_short(body)}")
         return obs

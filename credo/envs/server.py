@@ -1,14 +1,17 @@
 """Serve any registered credo environment with the AgentGym HTTP contract (``credo env serve NAME``).
 
     POST /create                    -> {"id": int}
-    POST /reset {"id", "data_idx"}  -> {"id", "observation"}
+    POST /reset {"id", "data_idx"}  -> {"id", "observation"}   (or item_id / game / seed: AgentGym's clients)
     POST /step  {"id", "action"}    -> {"observation", "reward", "done", "info"}
-    GET  /observation?id=           -> {"observation"}
+    GET  /observation?id=           -> "observation text"       (a bare string, as AgentGym servers answer)
+    GET  /filtered_vocab?id=        -> ["word", ...]            (wordle: the words it accepts, AgentGym's route)
     POST /close {"id"}              -> {"closed": true}
     GET  /stats                     -> {"env", "created", "live", "steps"}   (credo's addition, for operators)
 
-``env_idx`` is accepted wherever ``id`` is (AgentGym servers use both). Actions arrive parsed
-(``kind:argument``); the client does the parsing. At most ``max_instances`` instances live at once (the
+``env_idx`` is accepted wherever ``id`` is (AgentGym servers use both). An action is credo's ``kind:argument``
+(what credo's client sends after parsing), the model's text with credo's tags (``<move>down</move>``), or
+AgentGym's: the text after the last ``Action:`` in the environment's own words (``move down``, ``f r o w n``,
+:attr:`credo.envs.base.EnvSpec.native`); anything else goes to the environment as it is (which calls it invalid). At most ``max_instances`` instances live at once (the
 oldest is closed first), so clients that never call /close cannot exhaust the server.
 
 Input handling: ids and ``data_idx`` must be JSON integers (``0.0``, ``true`` or ``"0"`` are 422, as is a
@@ -25,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from credo.envs.base import check_env_params, make_env
+from credo.envs.base import ENVS, check_env_params, make_env
 from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
 
 
@@ -45,6 +48,29 @@ def _int_field(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise HTTPException(status_code=422, detail=f"{name} must be an integer, got {value!r:.80}")
     return value
+
+
+RESET_KEYS = ("data_idx", "item_id", "game", "seed")  # credo, AgentGym's generic, LMRL-Gym maze, wordle
+
+
+def _task_id(body: dict[str, Any]) -> int:
+    """The task index of a /reset body: the first of ``RESET_KEYS`` present (0 when none is)."""
+    key = next((k for k in RESET_KEYS if k in body), None)
+    return 0 if key is None else _int_field(body[key], key)
+
+
+def as_action(env_name: str, text: str) -> str:
+    """An action in any of the accepted forms (module docstring) as credo's ``kind:argument``."""
+    spec = ENVS[env_name]
+    kind, sep, _ = text.partition(":")
+    if sep and kind in spec.parser.tags:
+        return text
+    tagged = spec.parser.parse(text)
+    if tagged is not None:
+        return tagged
+    words = text.rsplit("Action:", 1)[-1].strip().removesuffix("</s>").strip()
+    native = spec.native(words) if spec.native is not None else None
+    return native if native is not None else text
 
 
 def _instance_id(body: dict[str, Any]) -> int:
@@ -123,7 +149,7 @@ def _add_routes(app, pool: _Pool) -> None:
     @app.post("/reset")
     def reset(body: dict[str, Any]) -> dict[str, Any]:
         env_id = _instance_id(body)
-        task_id = _int_field(body.get("data_idx", body.get("item_id", 0)), "data_idx")
+        task_id = _task_id(body)
         inst = pool.get(env_id)
         with inst.lock:
             inst.observation = inst.env.reset(task_id)
@@ -136,17 +162,27 @@ def _add_routes(app, pool: _Pool) -> None:
         if not isinstance(action, str):
             raise HTTPException(status_code=422, detail=f"action must be a string, got {type(action).__name__}")
         with inst.lock:
-            result = inst.env.step(action)
+            result = inst.env.step(as_action(pool.env_name, action))
             inst.observation = result.observation
         pool.count_step()
         return {"observation": result.observation, "reward": result.reward, "done": result.done, "info": result.info}
 
-    @app.get("/observation")
-    def observation(id: str | None = None, env_idx: str | None = None) -> dict[str, str]:
+    def query_instance(id: str | None, env_idx: str | None) -> _Instance:
         text = id if id is not None else env_idx
         if text is None or not re.fullmatch(r"-?[0-9]{1,18}", text):
             raise HTTPException(status_code=422, detail=f"id (or env_idx) must be an integer, got {text!r:.80}")
-        return {"observation": pool.get(int(text)).observation}
+        return pool.get(int(text))
+
+    @app.get("/observation")
+    def observation(id: str | None = None, env_idx: str | None = None) -> str:
+        return query_instance(id, env_idx).observation
+
+    @app.get("/filtered_vocab")
+    def filtered_vocab(id: str | None = None, env_idx: str | None = None) -> list[str]:
+        words = getattr(query_instance(id, env_idx).env, "words", None)
+        if words is None:
+            raise HTTPException(status_code=404, detail=f"{pool.env_name} has no vocabulary")
+        return list(words)
 
     @app.post("/close")
     def close(body: dict[str, Any]) -> dict[str, bool]:
