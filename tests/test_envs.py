@@ -169,6 +169,36 @@ def test_env_faults_raise_env_error(faulty, mode, message):
     assert time.time() - t0 < 3  # a step is not retried after a timeout (it may have been applied)
 
 
+class _NoCloseHandler(JSONHandler):
+    """An AgentGym-style server without /close (404), counting the requests it gets."""
+
+    calls: list = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.calls.append(self.path)
+        if self.path == "/create":
+            return self._reply(200, b'{"id": 0}')
+        if self.path == "/reset":
+            return self._reply(200, b'{"observation": "1+1"}')
+        return self._reply(404, b'{"detail": "Not Found"}')
+
+
+def test_a_4xx_answer_is_not_retried():
+    """Regression (issue 20): a server without /close cost 0.6 s per episode, every 404 retried with backoff."""
+    handler = type("H", (_NoCloseHandler,), {"calls": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = HTTPEnvClient(f"http://127.0.0.1:{server.server_address[1]}", "calc", retries=3, backoff_s=0.2)
+        assert client.reset(0) == "1+1"
+        t0 = time.time()
+        client.close()  # the 404 is swallowed by close(), as before, but asked once
+        assert handler.calls.count("/close") == 1 and time.time() - t0 < 0.2
+    finally:
+        server.shutdown()
+
+
 def test_refused_connection_is_retried_then_an_env_error():
     client = HTTPEnvClient(f"http://127.0.0.1:{free_port()}", "calc", timeout_s=0.5, retries=2, backoff_s=0.01)
     with pytest.raises(EnvError, match="connection refused"):

@@ -147,6 +147,9 @@ class HTTPEnvClient:
                 return self._request(method, path, payload)
             except _Refused as exc:  # never reached the server: always safe to retry
                 last = str(exc)
+            except _Rejected as exc:  # the server refused the request itself (4xx): the same request fails again
+                last = str(exc)
+                break
             except EnvError as exc:
                 last = str(exc)
                 if not idempotent:
@@ -165,7 +168,8 @@ class HTTPEnvClient:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 raw = resp.read(self.max_reply_bytes + 1)
         except urllib.error.HTTPError as exc:
-            raise EnvError(f"HTTP {exc.code}: {_error_body(exc)!r}") from None
+            cls = _Rejected if 400 <= exc.code < 500 and exc.code not in (408, 429) else EnvError
+            raise cls(f"HTTP {exc.code}: {_error_body(exc)!r}") from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, ConnectionRefusedError):
                 raise _Refused(f"connection refused ({self.base_url})") from None
@@ -213,6 +217,10 @@ def _short(body: Any) -> str:
 
 class _Refused(EnvError):
     pass
+
+
+class _Rejected(EnvError):
+    """A 4xx answer other than 408 / 429: not retried (a server without /close answers 404 every time)."""
 
 
 def _field(body: Any, *names: str) -> Any:
