@@ -96,6 +96,7 @@ def test_agentgym_wordle_client_reads_the_vocabulary_and_guesses_in_letters(serv
     ("maze", "Action:\nfly", "Action:\nfly"),                 # nothing recognisable: the env calls it invalid
     ("wordle", "Action:\nf r o w n", "guess:frown"),
     ("wordle", "frown", "guess:frown"),
+    ("maze", "<move>" * 20000 + "x", "<move>" * 20000 + "x"),  # over MAX_ACTION_CHARS: passed on unsearched
 ])
 def test_actions_in_every_accepted_form(env, text, expected):
     from credo.envs.server import as_action

@@ -13,8 +13,8 @@ layout and verl's parquet layout): the messages go into ``Example.meta["prompt_m
 tokenizer's chat template by :func:`credo.data.source.format_prompts`) and ``Example.prompt`` holds credo's plain
 rendering of them (:func:`plain_chat`). A field is named by a dotted path into nested objects
 (``reward_model.ground_truth``); a key that itself contains the dots wins. Every other top-level field of the row
-goes into ``Example.meta``, so columns such as Countdown's ``numbers`` and ``target`` reach the verifier. Bad rows are either fatal
-(``on_bad_row="error"``) or skipped, recorded and reported in one warning (``on_bad_row="skip"``);
+goes into ``Example.meta``, so columns such as Countdown's ``numbers`` and ``target`` reach the verifier. Bad
+rows are either fatal (``on_bad_row="error"``) or skipped, recorded and reported in one warning (``on_bad_row="skip"``);
 they are never dropped silently. Line numbers are 1-based physical lines for JSONL and 1-based row
 indices for Parquet.
 

@@ -11,8 +11,9 @@
 ``env_idx`` is accepted wherever ``id`` is (AgentGym servers use both). An action is credo's ``kind:argument``
 (what credo's client sends after parsing), the model's text with credo's tags (``<move>down</move>``), or
 AgentGym's: the text after the last ``Action:`` in the environment's own words (``move down``, ``f r o w n``,
-:attr:`credo.envs.base.EnvSpec.native`); anything else goes to the environment as it is (which calls it invalid). At most ``max_instances`` instances live at once (the
-oldest is closed first), so clients that never call /close cannot exhaust the server.
+:attr:`credo.envs.base.EnvSpec.native`); anything else (or any action over ``MAX_ACTION_CHARS``, which is not
+searched) goes to the environment as it is, which calls it invalid. At most ``max_instances`` instances live at
+once (the oldest is closed first), so clients that never call /close cannot exhaust the server.
 
 Input handling: ids and ``data_idx`` must be JSON integers (``0.0``, ``true`` or ``"0"`` are 422, as is a
 missing id or a non-string action); an unknown id is 404. Calls on one instance (/reset, /step, /close) are
@@ -59,11 +60,14 @@ def _task_id(body: dict[str, Any]) -> int:
     return 0 if key is None else _int_field(body[key], key)
 
 
+MAX_ACTION_CHARS = 1 << 16  # longer actions are not searched for tags (a hostile one could cost quadratic time)
+
+
 def as_action(env_name: str, text: str) -> str:
     """An action in any of the accepted forms (module docstring) as credo's ``kind:argument``."""
     spec = ENVS[env_name]
     kind, sep, _ = text.partition(":")
-    if sep and kind in spec.parser.tags:
+    if (sep and kind in spec.parser.tags) or len(text) > MAX_ACTION_CHARS:
         return text
     tagged = spec.parser.parse(text)
     if tagged is not None:

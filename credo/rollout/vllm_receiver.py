@@ -3,8 +3,9 @@
 Imported only inside vLLM's processes (vLLM loads it through the ``vllm.general_plugins`` entry point that
 ``pyproject.toml`` declares, :func:`credo.rollout.vllm_sync.register`). vLLM's built-in backends (``nccl``,
 ``ipc``, ...) move tensors over NCCL or CUDA IPC and so need a GPU; this one carries each chunk as a
-safetensors blob inside the update request itself (raw bytes in process, base64 over HTTP), so the same path works on vLLM's CPU build, on CUDA, in
-process (``LLM.update_weights``) and over HTTP (a server's ``/update_weights``). Safetensors holds tensors only:
+safetensors blob inside the update request itself (raw bytes in process, base64 over HTTP), so the same path
+works on vLLM's CPU build, on CUDA, in process (``LLM.update_weights``) and over HTTP (a server's
+``/update_weights``). Safetensors holds tensors only:
 a request cannot make the server run code.
 
 Each update is vLLM's layer-wise reload (``initialize_layerwise_reload`` at start, the model's own

@@ -3,7 +3,8 @@
 A sync is vLLM's own RL weight-transfer protocol: ``start_weight_update``, one ``update_weights`` per chunk,
 ``finish_weight_update(weight_version)``, driven in process through ``vllm.LLM``'s methods or over HTTP through a
 server's routes of the same names (:class:`HTTPWeightSync`). Each chunk is ``{"blob": safetensors}`` (raw bytes in
-process, base64 over HTTP) of at most ``chunk_bytes`` of tensors, for the ``credo_safetensors`` backend that :func:`register` adds to vLLM.
+process, base64 over HTTP) of at most ``chunk_bytes`` of tensors, for the ``credo_safetensors`` backend that
+:func:`register` adds to vLLM.
 
 This module does not import vLLM (a trainer that talks to a server on another machine needs none).
 """
