@@ -211,8 +211,12 @@ def test_a_server_given_by_url_is_driven_and_left_running(server_engine, policy)
         assert [t.response_ids for t in guest.generate(PROMPTS, 1, greedy)] == \
             [t.response_ids for t in server_engine.generate(PROMPTS, 1, greedy)]
         guest.update_weights(model, version=11)
+        guest_out = guest.generate(PROMPTS, 1, greedy)
         assert server_engine.served_version() == "11"
     finally:
         guest.close()
-    assert server_engine.generate(PROMPTS[:1], 1, greedy)[0].policy_version == server_engine.policy_version
+    # the server is still up and still holds what the guest synced
+    assert server_engine.served_version() == "11"
+    assert [t.response_ids for t in server_engine.generate(PROMPTS, 1, greedy)] == \
+        [t.response_ids for t in guest_out]
 
