@@ -154,3 +154,21 @@ def test_stop_at_action_ends_turns_at_the_closing_tag(tiny_model):
             scripted_turns += tuple(turn[-len(stop):]) == stop
             assert all(m == 1 for m in traj.response_mask[start:end])
     assert scripted_turns > 0
+
+
+def test_the_chat_turn_template_renders_ids_under_transformers_5():
+    """Regression: transformers 5 answers apply_chat_template(tokenize=True) with a BatchEncoding, whose list() is
+    its keys; the agent's chat template read ["input_ids", "attention_mask"] as token ids (every pretrained-model
+    agent run failed with "substring not found")."""
+    from credo.models import build_char_tokenizer
+    from credo.rollout.agent_loop import chat_template
+
+    tok = build_char_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}" + tok.eos_token
+                         + "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    template = chat_template(tok)
+    prompt = template.prompt("be brief", "at 0,0")
+    assert all(isinstance(i, int) for i in prompt) and tok.decode(prompt) == (
+        f"<system>be brief{tok.eos_token}<user>at 0,0{tok.eos_token}")
+    assert tok.decode(template.assistant_prefix) == "<assistant>"
+    assert tok.decode(template.observation("at 1,0")) == "<user>at 1,0" + tok.eos_token

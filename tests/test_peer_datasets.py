@@ -81,3 +81,69 @@ def test_a_verl_parquet_file_trains_through_the_cli_with_no_bad_rows(tmp_path: P
                  "task.eval_fraction=0.25", "train.steps=2", "log.report=false", "log.tensorboard=false"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["data/bad_rows"] == 0 and summary["steps"] == 2
+
+
+# ------------------------------------------------------------------------------------------ HF datasets, TRL, routing
+
+def test_hf_datasets_directories_and_arrow_files_load_through_the_datasets_library(tmp_path: Path):
+    import datasets
+
+    rows = _verl_rows()
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict(train=datasets.Dataset.from_list(rows[:3]),
+                         test=datasets.Dataset.from_list(rows[3:])).save_to_disk(str(tmp_path / "dict"))
+    ds = load_dataset_file(tmp_path / "one", prompt_field="prompt", answer_field="reward_model.ground_truth")
+    assert [e.answer for e in ds.examples] == [r["reward_model"]["ground_truth"] for r in rows] and not ds.bad_rows
+    assert ds.examples[0].meta["prompt_messages"] == rows[0]["prompt"]
+    split = load_dataset_file(tmp_path / "dict" / "test", answer_field="reward_model.ground_truth")
+    assert len(split.examples) == len(rows) - 3
+    arrow = next((tmp_path / "one").glob("*.arrow"))
+    assert len(load_dataset_file(arrow, answer_field="reward_model.ground_truth").examples) == len(rows)
+    with pytest.raises(ValueError, match="holds the splits test, train"):
+        load_dataset_file(tmp_path / "dict", answer_field="reward_model.ground_truth")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not a Hugging Face datasets directory"):
+        load_dataset_file(tmp_path / "plain")
+
+
+def test_the_trl_preset_reads_the_conversational_prompt_only_layout(tmp_path: Path):
+    from credo.config import load_config
+    from credo.data.source import load_task_data
+
+    rows = [{"prompt": [{"role": "user", "content": f"rev {w}="}], "solution": w[::-1]} for w in
+            ("abc", "bca", "cab", "aab", "bba", "cca", "acb", "bac")]
+    path = tmp_path / "trl.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config("trl_conversational", [f"task.train_file={path}"])
+    data = load_task_data(cfg.task, seed=0)
+    got = sorted((e.meta["prompt_messages"][0]["content"], e.answer) for e in data.train + data.eval)
+    assert got == sorted((r["prompt"][0]["content"], r["solution"]) for r in rows) and not data.bad_rows
+
+
+def test_data_source_picks_each_rows_verifier(tmp_path: Path):
+    from credo.config import load_config
+    from credo.data.source import load_task_data
+    from credo.recipes.common import reward_runner
+
+    rows = [{"data_source": "rev", "prompt": "rev ab=", "reward_model": {"ground_truth": "ba"}},
+            {"data_source": "sum", "prompt": "2+3=", "reward_model": {"ground_truth": "5"}},
+            {"data_source": "other", "prompt": "rev cd=", "reward_model": {"ground_truth": "dc"}}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, ["task.name=file", f"task.train_file={path}", f"task.eval_file={path}",
+                             "task.answer_field=reward_model.ground_truth", "reward.name=exact_match",
+                             "reward.by_data_source={sum: number}"])
+    data = load_task_data(cfg.task, seed=0)
+    with reward_runner(cfg, data) as runner:
+        # "The answer is 5" is right for `number` (last number in the text), wrong for exact_match
+        results = runner.score(["ba", "The answer is 5", "The answer is dc"], data.eval)
+    assert [r.correct for r in results] == [True, True, False]
+
+
+def test_bad_data_source_routes_are_config_errors():
+    from credo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="reward.by_data_source.gsm8k: .*unknown reward"):
+        load_config(None, ["reward.by_data_source={gsm8k: nosuchverifier}"])
+    with pytest.raises(ConfigError, match="expected a verifier name"):
+        load_config(None, ["reward.by_data_source={gsm8k: {name: number, kw: 1}}"])

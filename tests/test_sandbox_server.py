@@ -83,9 +83,12 @@ def test_run_code_speaks_sandboxfusion(server):
     _, body = _post(server, "/run_code", {"code": "while True: pass", "language": "python", "run_timeout": 0.5})
     assert body["status"] == "Failed" and body["run_result"]["status"] == "TimeLimitExceeded"
     _, body = _post(server, "/run_code", {"code": "int main( {", "language": "cpp"})
-    assert body["status"] == "Failed" and body["compile_result"]["status"] == "Error"
-    _, body = _post(server, "/run_code", {"code": "x", "language": "brainfuck"})
+    assert body["status"] == "Failed" and body["compile_result"]["status"] == "Finished"  # SandboxFusion's Error
+    assert body["compile_result"]["return_code"] != 0 and body["run_result"] is None  # is the sandbox's failure
+    _, body = _post(server, "/run_code", {"code": "x", "language": "php"})  # SandboxFusion's, not credo's
     assert body["status"] == "SandboxError"
+    code, body = _post(server, "/run_code", {"code": "x", "language": "brainfuck"})  # nobody's: as SandboxFusion
+    assert code == 422
 
 
 def test_full_queue_answers_429(server):

@@ -187,8 +187,9 @@ def test_server_maxima_can_be_lowered_never_raised(sandbox):
             ("/judge", {"source": "x", "tests": [{}, {}, {}]}, "tests has 3 tests, more than the server maximum 2"),
             ("/judge_batch", {"requests": [{"source": "x", "tests": [], "limits": {"time_s": 5}}]},
              "requests[0].limits.time_s=5 exceeds"),
-            ("/run_code", {"code": SECRET, "run_timeout": 1e6}, "run_timeout=1000000.0 exceeds the server maximum"),
-            ("/run_code", {"code": SECRET, "memory_limit_MB": 4096}, "memory_limit_MB=4096 exceeds")]
+            ("/run_code", {"code": SECRET, "language": "python", "run_timeout": 1e6},
+             "run_timeout=1000000.0 exceeds the server maximum"),
+            ("/run_code", {"code": SECRET, "language": "python", "memory_limit_MB": 4096}, "memory_limit_MB=4096 exceeds")]
     for path, body, message in over:
         resp = client.post(path, json=body)
         assert resp.status_code == 422 and message in resp.json()["detail"], (path, resp.text)
@@ -201,9 +202,9 @@ def test_server_maxima_can_be_lowered_never_raised(sandbox):
     assert body["verdict"] == "TLE" and body["detail"] == "CPU time limit 0.5 s"
     body = client.post("/run", json={"source": "print('x' * 5000)", "language": "python"}).json()
     assert body["verdict"] == "OLE" and body["detail"] == "output limit 1000 bytes"
-    # SandboxFusion's default run_timeout (10 s) is lowered too
+    # SandboxFusion's default run_timeout (10 s) is lowered too (a wall-clock limit there)
     body = client.post("/run_code", json={"code": spin, "language": "python"}).json()
-    assert body["run_result"]["status"] == "TimeLimitExceeded" and body["message"] == "CPU time limit 0.5 s"
+    assert body["run_result"]["status"] == "TimeLimitExceeded" and body["message"] == "wall-clock limit 0.5 s"
 
 
 def test_limit_caps_reject_bad_maxima():

@@ -10,6 +10,9 @@ from pathlib import Path
 
 def config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", metavar="PRESET", help="YAML file or preset name in configs/")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (it may register environments, AgentGym adapters, rewards, tasks); "
+                   "repeatable; recorded in the run's config as plugins")
     p.set_defaults(overrides=[])  # filled from key=value arguments anywhere on the line
     p.epilog = ("Any number of key=value config overrides may appear anywhere on the line, e.g. "
                 "train.steps=20 algo.policy_loss_args.clip_high=0.28 (reference: README, 'Configuration').")

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not hasattr(args, "overrides"):
         parser.error(f"'credo {args.command}' takes no key=value overrides: {' '.join(extra)}")
     if hasattr(args, "overrides"):
-        args.overrides = extra
+        args.overrides = extra + [f"plugins+={m}" for m in getattr(args, "plugin", None) or []]
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s",
                         stream=sys.stderr)
     try:
@@ -140,7 +140,8 @@ def add_service_commands(sub) -> None:
     """``credo sandbox serve | check`` and ``credo env serve | list``."""
     p = sub.add_parser("sandbox", help="the code sandbox: serve it over HTTP, or check isolation and languages")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
-    q = sandbox_sub.add_parser("serve", help="HTTP service (/run, /judge, /judge_batch, /run_code, /health)")
+    q = sandbox_sub.add_parser("serve", help="HTTP service (/run, /judge, /judge_batch, /run_code, /v1/ping, "
+                               "/health)")
     q.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     q.add_argument("--port", type=int, default=8080)
     q.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
@@ -275,6 +276,13 @@ def cmd_env_list(args: argparse.Namespace) -> int:
         spec = get_env_spec(name)
         params = " ".join(f"{k}={v}" for k, v in spec.params.items())
         print(f"{name:<8} {params:<28} {spec.instruction}")
+    from credo.envs.agentgym import ADAPTERS
+
+    print("\nAgentGym servers (agent.remote.env=NAME agent.remote.url=URL, or agentgym:NAME with "
+          "rollout.collector.server_urls):")
+    for name, a in sorted(ADAPTERS.items()):
+        print(f"  {name:<10} reset {a.reset_field:<10} action {a.action:<6} train ids {list(a.train_ids)} "
+              f"eval ids {list(a.eval_ids)}{'  routes under ' + a.prefix if a.prefix else ''}")
     return 0
 
 
@@ -322,7 +330,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                                for n in algo.list_advantage_estimators()],
         "rewards": list_rewards,
         "tasks": lambda: ["file         JSONL/Parquet dataset (task.train_file)"] +
-                         [f"{n:<12} {_hp(task_param_names(n))}" for n in list_tasks()],
+                         [f"{n:<12} {_hp(task_param_names(n))}" for n in list_tasks()] +
+                         ["rg:NAME      a reasoning-gym dataset (task.params = its config; docs/tasks.md)"],
         "presets": lambda: sorted(p.stem for p in REPO_CONFIGS.glob("*.yaml")) if REPO_CONFIGS.is_dir() else [],
         "aggregations": lambda: list(algo.AGG_MODES) + ["constant-norm (alias of seq-mean-token-sum-norm)"],
         "kl": lambda: [f"{k} (and {k}+)" for k in algo.KL_ESTIMATORS],

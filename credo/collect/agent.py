@@ -24,7 +24,7 @@ from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, pl
 from credo.rollout.branching import branched_rollouts
 from credo.train.batch import collate
 from credo.collect.base import CollectorNeeds
-from credo.collect.config import AgentCollectorConfig
+from credo.collect.config import AgentCollectorConfig, remote_name, with_remote
 from credo.collect.horizon import horizon
 from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
@@ -56,7 +56,7 @@ class AgentOptions:
     @classmethod
     def of(cls, cfg: RunConfig) -> "AgentOptions":
         t = cfg.task
-        return cls(collector=cfg.rollout.collector, group_size=cfg.rollout.group_size,
+        return cls(collector=with_remote(cfg.rollout.collector), group_size=cfg.rollout.group_size,
                    prompts_per_step=cfg.train.prompts_per_step, eval_k=cfg.eval.k,
                    eval_temperature=cfg.eval.temperature, task_seed=t.seed, train_size=t.train_size,
                    eval_size=t.eval_size)
@@ -69,16 +69,52 @@ def env_examples(env: str, task_ids: list[int], split: str) -> list[Example]:
             for tid in task_ids]
 
 
-def agent_train_examples(envs: list[str], weights: list[float] | None, size: int, seed: int) -> list[Example]:
-    """A mixture over ``envs``: each training task is routed to one environment by ``weights``."""
+def remote_adapter(a: AgentCollectorConfig, env: str):
+    """The AgentGym adapter of ``agentgym:<name>`` ``env``, with ``remote``'s contract and task ranges when it is
+    the remote environment."""
+    from credo.envs.agentgym import get_adapter
+
+    if env != remote_name(a):
+        return get_adapter(env)
+    r = a.remote
+    ranges = {k: v for k, v in (("train_ids", r.train_ids), ("eval_ids", r.eval_ids)) if v is not None}
+    return get_adapter(env, {**r.contract, **ranges})
+
+
+def task_space(a: AgentCollectorConfig, env: str, split: str) -> tuple[int, int] | None:
+    """[lo, hi) of an AgentGym environment's ``split`` task ids; None for credo's own environments (every id)."""
+    from credo.envs.agentgym import is_remote
+
+    if not is_remote(env):
+        return None
+    adapter = remote_adapter(a, env)
+    return adapter.train_ids if split == "train" else adapter.eval_ids
+
+
+def agent_train_examples(envs: list[str], weights: list[float] | None, size: int, seed: int,
+                         spaces: dict[str, tuple[int, int] | None] | None = None) -> list[Example]:
+    """A mixture over ``envs``: each training task is routed to one environment by ``weights``; an environment
+    with a bounded id space ``spaces[env] = (lo, hi)`` (AgentGym servers) gets ``lo + id % (hi - lo)``."""
     rng = random.Random(f"credo/env-mixture/{seed}")
     ids = train_task_ids(size, seed)
     chosen = rng.choices(envs, weights=weights, k=size) if len(envs) > 1 else [envs[0]] * size
-    return [env_examples(env, [tid], "train")[0] for env, tid in zip(chosen, ids)]
+    spaces = spaces or {}
+    out = []
+    for env, tid in zip(chosen, ids):
+        space = spaces.get(env)
+        out.append(env_examples(env, [tid if space is None else space[0] + tid % (space[1] - space[0])], "train")[0])
+    return out
 
 
-def agent_eval_examples(envs: list[str], size: int) -> list[Example]:
-    return [ex for env in envs for ex in env_examples(env, eval_task_ids(size), "eval")]
+def agent_eval_examples(envs: list[str], size: int,
+                        spaces: dict[str, tuple[int, int] | None] | None = None) -> list[Example]:
+    """``size`` held-out tasks per environment (at most the ``spaces[env]`` range holds, in order)."""
+    out = []
+    for env in envs:
+        space = (spaces or {}).get(env)
+        ids = eval_task_ids(size) if space is None else list(range(space[0], min(space[1], space[0] + size)))
+        out += env_examples(env, ids, "eval")
+    return out
 
 
 def stage_envs(a: AgentCollectorConfig) -> list[list[str]]:
@@ -99,7 +135,14 @@ def stage_of(a: AgentCollectorConfig, step: int) -> int:
 # ----------------------------------------------------------------------------- clients and loop
 
 def make_client(a: AgentCollectorConfig, env: str):
-    """A client of ``env``: HTTP when ``server_urls`` names a server for it, else the environment in-process."""
+    """A client of ``env``: an AgentGym server's for ``agentgym:<name>``, credo's HTTP client when ``server_urls``
+    names a server for it, else the environment in-process."""
+    from credo.envs.agentgym import AgentGymClient, is_remote
+
+    if is_remote(env):
+        instruction = a.remote.instruction if env == remote_name(a) else None
+        return AgentGymClient(a.server_urls[env], remote_adapter(a, env), instruction=instruction,
+                              timeout_s=a.timeout_s, retries=a.retries, token=resolve_token("env"))
     if env in a.server_urls:  # the bearer token comes from $CREDO_ENV_TOKEN only (never from the saved config)
         return HTTPEnvClient(a.server_urls[env], env, timeout_s=a.timeout_s, retries=a.retries,
                              token=resolve_token("env"))
@@ -336,10 +379,18 @@ def oracle_batch(a: AgentCollectorConfig, tokenizer, examples: list[Example]):
 
 
 def oracle_trajectory(a: AgentCollectorConfig, tokenizer, template: AgentTemplate, ex: Example) -> Trajectory:
-    """One episode of the environment's oracle on task ``ex``, at most the evaluation horizon long."""
+    """One episode of the environment's oracle on task ``ex``, at most the evaluation horizon long; the instance is
+    closed afterwards (an HTTP one would otherwise stay open on its server)."""
     env_name = ex.meta["env"]
-    spec = get_env_spec(env_name)
     client = LocalEnvClient(env_name, **a.env_params.get(env_name, {}))
+    try:
+        return _oracle_episode(a, tokenizer, template, ex, client)
+    finally:
+        client.close()
+
+
+def _oracle_episode(a: AgentCollectorConfig, tokenizer, template: AgentTemplate, ex: Example, client) -> Trajectory:
+    spec = get_env_spec(ex.meta["env"])
     obs = client.reset(int(ex.meta["task_id"]))
     prompt = template.prompt(client.instruction, obs)
     ids: list[int] = []
@@ -387,12 +438,15 @@ def agent_task_data(opts: AgentOptions, seed: int):
     a = opts.collector
     data_seed = opts.task_seed if opts.task_seed is not None else seed
     stages = stage_envs(a)
+    every = sorted({e for envs in stages for e in envs} | set(a.eval_envs))
+    train_spaces = {env: task_space(a, env, "train") for env in every}
     stage_train = [agent_train_examples(envs, a.env_weights if not a.stages else None, opts.train_size,
-                                        data_seed + i)
+                                        data_seed + i, train_spaces)
                    for i, envs in enumerate(stages)]
     eval_envs = a.eval_envs or sorted({env for envs in stages for env in envs})
     train = [ex for exs in stage_train for ex in exs] if a.stages else stage_train[0]  # warm start sees every stage
     return TaskData(name="agent:" + "+".join(sorted({e for envs in stages for e in envs})), train=train,
-                    eval=agent_eval_examples(eval_envs, opts.eval_size), default_reward=None, demonstration=None,
+                    eval=agent_eval_examples(eval_envs, opts.eval_size, {env: task_space(a, env, "eval") for env in every}),
+                    default_reward=None, demonstration=None,
                     sft_batch=lambda tokenizer, exs: oracle_batch(a, tokenizer, exs),
                     stage_train=stage_train if a.stages else [])

@@ -2,9 +2,27 @@
 (was the ``agent`` section)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from credo.config.fields import opt, type_key
+
+
+@dataclass
+class RemoteEnvConfig:
+    """An AgentGym environment server trained on with no user code (also reachable as ``agent.remote.*``)."""
+
+    env: str | None = opt(None, "AgentGym environment of the adapter table (credo env list): textcraft, babyai, "
+                          "maze, wordle, alfworld, webshop, sqlgym, or one a plugin registered; trained as "
+                          "agentgym:<env>; null = none")
+    url: str | None = opt(None, "base URL of its server, e.g. http://127.0.0.1:36001")
+    train_ids: list | None = opt(None, "[lo, hi): training task ids drawn from this range (null = the adapter's)")
+    eval_ids: list | None = opt(None, "[lo, hi): held-out task ids, in order (null = the adapter's)")
+    instruction: str | None = opt(None, "what the agent is told before the first observation (null = the adapter's)")
+    contract: dict = opt(None, "adapter fields to override: prefix, id_field, reset_field, reset_extra, create_body, "
+                         "action (line|after|react|sql), first_observation, reset_text, observation_field, "
+                         "reward_field, done_field, reward (last|sum), success (reward|done) (docs/agents.md)",
+                         factory=dict)
 
 
 @dataclass
@@ -16,6 +34,8 @@ class AgentCollectorConfig:
     env_params: dict = opt(None, "per-environment parameters, e.g. {maze: {size: 5}}", factory=dict)
     server_urls: dict = opt(None, "per-environment HTTP servers (AgentGym contract); others run in-process",
                             factory=dict)
+    remote: RemoteEnvConfig = opt(None, "an AgentGym server as one more environment (agent.remote.env / url)",
+                                  factory=RemoteEnvConfig)
     stages: list = opt(None, "sequential training: [{envs: [calc], steps: 50}, {envs: [maze], steps: 50}]",
                        factory=list)
     eval_envs: list = opt(None, "environments evaluated on held-out tasks (default: every training env)",
@@ -45,3 +65,23 @@ class AgentCollectorConfig:
                            "reward only, as AgentGym-RL)", min=0.0)
     invalid_action_cost: float = opt(0.0, "training reward shaping: subtracted per turn without a parseable action",
                                      min=0.0)
+
+
+REMOTE_PREFIX = "agentgym:"
+
+
+def remote_name(a: AgentCollectorConfig) -> str | None:
+    """``agentgym:<env>`` of ``a.remote``, or None when no remote environment is set."""
+    env = a.remote.env
+    return REMOTE_PREFIX + env.removeprefix(REMOTE_PREFIX) if env else None
+
+
+def with_remote(a: AgentCollectorConfig) -> AgentCollectorConfig:
+    """``a`` with ``remote`` folded in: ``agentgym:<env>`` appended to ``envs`` (unless ``stages`` name the
+    environments, or it is listed already) and ``remote.url`` set as its server."""
+    name = remote_name(a)
+    if name is None:
+        return a
+    envs = list(a.envs) if a.stages or name in a.envs else [*a.envs, name]
+    urls = {**a.server_urls, name: a.remote.url} if a.remote.url else dict(a.server_urls)
+    return dataclasses.replace(a, envs=envs, server_urls=urls)

@@ -68,8 +68,31 @@ def upgrade(data: dict[str, Any], *, rm_sections: str = "refuse") -> dict[str, A
     return data
 
 
+REMOTE_ALIAS = ("agent.remote", "rollout.collector.remote")  # a public interface, not a deprecated key
+
+
+def alias_key(key: str) -> str:
+    """``agent.remote.*`` (the documented way to name an AgentGym server) as ``rollout.collector.remote.*``."""
+    old, new = REMOTE_ALIAS
+    return new + key[len(old):] if key == old or key.startswith(old + ".") else key
+
+
+def agent_collector(data: dict[str, Any], key: str) -> None:
+    """Make ``data``'s collector the agent collector for ``key`` (an ``agent.remote`` key): its type is set when
+    the config chose none; another type is an error."""
+    collector = _section(data, ("rollout", "collector"))
+    kind = collector.setdefault("type", "agent")
+    if kind != "agent":
+        raise LegacyError(f"{key}: an AgentGym server is an environment of the agent collector, but the config "
+                          f"selects rollout.collector.type={kind} (use --config agent_agentgym)")
+
+
 def _collector_sections(data: dict[str, Any]) -> None:
     attnrl, agent = data.pop("attnrl", None), data.pop("agent", None)
+    if isinstance(agent, dict) and "remote" in agent:
+        agent = dict(agent)
+        agent_collector(data, "agent.remote")
+        _section(data, ("rollout", "collector")).setdefault("remote", {}).update(agent.pop("remote") or {})
     if isinstance(attnrl, dict):
         attnrl = dict(attnrl)
         if attnrl.pop("enabled", False):

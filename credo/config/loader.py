@@ -54,12 +54,50 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         old: dict[str, Any] = {}
         for item in overrides:
             key, value = parse_override(item)
+            if legacy.alias_key(key) != key:
+                legacy.agent_collector(data, key)
+                key = legacy.alias_key(key)
+            if key.endswith("+"):  # key+=value: append to a list (--plugin M is plugins+=M)
+                key, value = key[:-1].strip(), _appended(data, key[:-1].strip(), value)
             set_dotted(old if legacy.is_legacy_key(key) else data, key, value)
         if old:
             legacy.merge(data, legacy.upgrade_overrides(old, data))
     except legacy.LegacyError as exc:
         raise ConfigError(str(exc)) from None
+    if root is RunConfig:
+        import_plugins(data.get("plugins"))
     return config_from_dict(data, root=root)
+
+
+def _appended(data: dict[str, Any], key: str, value: Any) -> list:
+    """The list at dotted ``key`` of ``data`` (empty when unset) with ``value`` (or each item of a list) appended."""
+    node: Any = data
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if node is not None and not isinstance(node, list):
+        raise ConfigError(f"{key}+=...: {key} is not a list")
+    extra = value if isinstance(value, list) else [value]
+    return [*(node or []), *(v for v in extra if v not in (node or []))]
+
+
+def import_plugins(plugins: Any) -> None:
+    """Import every module of ``plugins`` (a list of module names; the working directory is searched first), so
+    that what they register (environments, AgentGym adapters, rewards, tasks, losses) is known before the config
+    is checked. A module that is missing or fails to import is one ConfigError line."""
+    import importlib
+    import sys
+
+    if plugins is None:
+        return
+    if not isinstance(plugins, list) or not all(isinstance(m, str) and m for m in plugins):
+        raise ConfigError(f"plugins: expected a list of module names, got {plugins!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in plugins:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a user module may raise anything while it is imported
+            raise ConfigError(f"plugins: importing {name!r} failed: {type(exc).__name__}: {exc}") from None
 
 
 def config_from_dict(data: dict[str, Any], *, root: type = RunConfig) -> Any:
@@ -504,10 +542,11 @@ def validate_registries(cfg: RunConfig) -> None:
     validate_vepo(cfg)
     validate_replay(cfg)
     if cfg.task.name != "file":
-        if cfg.task.name not in list_tasks():
+        if cfg.task.name not in list_tasks() and not cfg.task.name.startswith("rg:"):  # rg:<dataset>: reasoning-gym
             close = difflib.get_close_matches(cfg.task.name, list_tasks(), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"task.name: unknown task {cfg.task.name!r}{hint}; tasks: {', '.join(list_tasks())}, file")
+        _wrap("task.name", lambda: task_param_names(cfg.task.name))
         known = task_param_names(cfg.task.name)
         for key in cfg.task.params:
             if key not in known:
@@ -515,9 +554,10 @@ def validate_registries(cfg: RunConfig) -> None:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"task.params.{key}: task {cfg.task.name!r} has no parameter {key!r}{hint}; "
                                   f"it takes: {', '.join(known)}")
-        _wrap("task.params", lambda: get_task(cfg.task.name, **cfg.task.params))
+        _wrap("task.params", lambda: get_task(cfg.task.name, curriculum=cfg.task.curriculum, **cfg.task.params))
     if cfg.reward.name is not None:
         _check_reward("reward.name", cfg.reward.name)
+    _check_routes(cfg)
     if cfg.rollout.collector.type == "agent":
         validate_agent(cfg)
 
@@ -525,6 +565,11 @@ def validate_registries(cfg: RunConfig) -> None:
 def _known_env(key: str, name: Any) -> str:
     from credo.envs import list_envs
 
+    if isinstance(name, str) and name.startswith("agentgym:"):
+        from credo.envs.agentgym import get_adapter
+
+        _wrap(key, lambda: get_adapter(name))
+        return name
     if not isinstance(name, str) or name not in list_envs():
         close = difflib.get_close_matches(str(name), list_envs(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -532,12 +577,37 @@ def _known_env(key: str, name: Any) -> str:
     return name
 
 
+def _check_remote(cfg: RunConfig) -> None:
+    """``rollout.collector.remote`` (``agent.remote``): a known adapter, an http(s) URL, id ranges, contract fields;
+    no warm start from demonstrations (an AgentGym server has no oracle credo can call)."""
+    from credo.envs.agentgym import get_adapter
+
+    r = cfg.rollout.collector.remote
+    if r.env is None:
+        for key in ("url", "train_ids", "eval_ids", "instruction"):
+            if getattr(r, key) is not None:
+                raise ConfigError(f"agent.remote.{key}: set agent.remote.env too (the AgentGym environment it serves)")
+        return
+    if not isinstance(r.url, str) or not r.url.startswith(("http://", "https://")):
+        raise ConfigError(f"agent.remote.url: expected the http(s) URL of the {r.env} server, got {r.url!r}")
+    for key in ("train_ids", "eval_ids"):
+        value = getattr(r, key)
+        if value is not None and not (isinstance(value, list) and len(value) == 2):
+            raise ConfigError(f"agent.remote.{key}: expected [lo, hi), got {value!r}")
+    ranges = {k: getattr(r, k) for k in ("train_ids", "eval_ids") if getattr(r, k) is not None}
+    _wrap("agent.remote", lambda: get_adapter(r.env, {**r.contract, **ranges}))
+    if cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
+        raise ConfigError("warm_start.steps: an AgentGym environment has no oracle to imitate; set "
+                          "warm_start.steps=0 (or start from a model trained elsewhere: model.path)")
+
+
 def validate_agent(cfg: RunConfig) -> None:
     """The agent collector (``rollout.collector``, ``type: agent``): env names, their parameters, stages, horizon schedule and branching arguments."""
+    from credo.collect.config import with_remote
     from credo.envs import make_env
-    from credo.rollout.branching import AEPO_DEFAULTS, ARPO_DEFAULTS
 
-    a = cfg.rollout.collector
+    _check_remote(cfg)
+    a = with_remote(cfg.rollout.collector)
     if cfg.model.path is None and cfg.model.max_position_embeddings < a.max_response_tokens + 64:
         raise ConfigError(f"model.max_position_embeddings: {cfg.model.max_position_embeddings} positions cannot hold "
                           f"an episode of rollout.collector.max_response_tokens={a.max_response_tokens} plus its prompt; set it "
@@ -564,6 +634,9 @@ def validate_agent(cfg: RunConfig) -> None:
         for env in getattr(a, section):
             _known_env(f"rollout.collector.{section}.{env}", env)
     for env, params in a.env_params.items():
+        if env.startswith("agentgym:"):
+            raise ConfigError(f"rollout.collector.env_params.{env}: an AgentGym server takes no parameters from credo "
+                              f"(its contract: agent.remote.contract)")
         if not isinstance(params, dict):
             raise ConfigError(f"rollout.collector.env_params.{env}: expected a mapping of parameters, got {params!r}")
         _wrap(f"rollout.collector.env_params.{env}", lambda: make_env(env, **params))
@@ -572,6 +645,17 @@ def validate_agent(cfg: RunConfig) -> None:
             raise ConfigError(f"rollout.collector.server_urls.{env}: expected an http(s) URL, got {url!r}")
         if env not in used and env not in a.eval_envs:
             raise ConfigError(f"rollout.collector.server_urls.{env}: {env!r} is neither trained nor evaluated")
+    for env in sorted(used | set(a.eval_envs)):
+        if env.startswith("agentgym:") and env not in a.server_urls:
+            raise ConfigError(f"{env}: an AgentGym environment needs its server's URL (agent.remote.url, or "
+                              f"rollout.collector.server_urls.{env})")
+    _check_horizon_and_branching(a)
+
+
+def _check_horizon_and_branching(a) -> None:
+    """The agent collector's horizon schedule and branching arguments."""
+    from credo.rollout.branching import AEPO_DEFAULTS, ARPO_DEFAULTS
+
     if a.horizon_schedule == "stepwise":
         if not a.horizon_rounds or not all(isinstance(h, int) and h >= 1 for h in a.horizon_rounds):
             raise ConfigError(f"rollout.collector.horizon_rounds: stepwise needs a non-empty list of turn caps >= 1, "
@@ -588,6 +672,20 @@ def validate_agent(cfg: RunConfig) -> None:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"rollout.collector.branch_args.{key}: {a.branching} has no parameter {key!r}{hint}; "
                                   f"it takes: {', '.join(known)}")
+
+
+def _check_routes(cfg: RunConfig) -> None:
+    """``reward.by_data_source``: data_source -> a verifier name or {name, kwargs}, each verifier resolvable."""
+    for source, spec in cfg.reward.by_data_source.items():
+        key = f"reward.by_data_source.{source}"
+        name = spec.get("name") if isinstance(spec, dict) else spec
+        if not isinstance(name, str) or (isinstance(spec, dict) and not set(spec) <= {"name", "kwargs"}) \
+                or not isinstance(spec.get("kwargs", {}) if isinstance(spec, dict) else {}, dict):
+            raise ConfigError(f"{key}: expected a verifier name or {{name: VERIFIER, kwargs: {{...}}}}, got {spec!r}")
+        _check_reward(key, name)
+    if cfg.reward.by_data_source and cfg.distributed.backend == "ray":
+        raise ConfigError("reward.by_data_source: not implemented with distributed.backend=ray (its reward workers "
+                          "run one verifier); use one verifier, or backend none / torchrun")
 
 
 def _check_reward(key: str, name: str) -> None:

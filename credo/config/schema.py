@@ -38,7 +38,11 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = opt("reversal", "built-in task (credo list tasks) or 'file' for a JSONL/Parquet dataset")
-    params: dict = opt(None, "task parameters, e.g. {min_len: 3, max_len: 6}", factory=dict)
+    params: dict = opt(None, "task parameters, e.g. {min_len: 3, max_len: 6} (rg:<dataset>: the dataset's config "
+                       "fields)", factory=dict)
+    curriculum: dict | None = opt(None, "rg:<dataset> tasks: difficulty schedule {levels: [0, 1, 2], every: 50} (the "
+                                  "dataset's curriculum levels, the next one every N prompt batches; optional mode: "
+                                  "inclusive|upper_bound|last_k, k; docs/tasks.md)")
     train_size: int = opt(4000, "generated training examples", min=1)
     eval_size: int = opt(200, "generated held-out examples", min=1)
     seed: int | None = opt(None, "data seed (null = run seed)")
@@ -141,6 +145,10 @@ class RewardConfig:
     overlong_buffer: int = opt(0, "DAPO soft overlong penalty over the last N tokens before max_new_tokens (0 = off)",
                                min=0)
     overlong_penalty: float = opt(1.0, "penalty at max_new_tokens for overlong_buffer", min=0.0)
+    by_data_source: dict = opt(None, "per-row verifiers: rows whose data_source column is a key are scored by its "
+                               "verifier, e.g. {openai/gsm8k: math, countdown: {name: countdown, kwargs: {use_all: "
+                               "false}}}; other rows by reward.name",
+                               factory=dict)
     weight: float = opt(1.0, "weight of the task verifier's score when reward.mix adds components")
     mix: list = opt(None, "extra reward components summed with the verifier's score, e.g. [{name: reward_model, "
                     "weight: 0.5, kwargs: {path: RUN/reward_model}}] (accuracy still from the verifier)", factory=list)
@@ -246,6 +254,8 @@ class EvalConfig:
     size: int | None = opt(None, "held-out examples to evaluate (null = all)", min=1)
     k: int = opt(4, "samples per prompt for avg@k / pass@k", min=1)
     temperature: float = opt(1.0, "sampling temperature for avg@k", min=0.0)
+    pass_k: list = opt(None, "credo eval: also report eval/pass@j for each j here (each <= k), the unbiased estimator "
+                       "of Chen et al. 2021 over the k samples, e.g. [1, 5]", factory=list)
 
 
 @dataclass
@@ -256,7 +266,41 @@ class CheckpointConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str = opt("credo", "W&B project")
+    entity: str | None = opt(None, "W&B entity (user or team); null = the account's default")
+    name: str | None = opt(None, "W&B run name; null = the run directory's name")
+    mode: str = opt("auto", "auto = $WANDB_MODE if set, else online when an API key is found ($WANDB_API_KEY or "
+                    "`wandb login`), else offline (no network; upload later with `wandb sync`)",
+                    choices=("auto", "online", "offline"))
+    dir: str | None = opt(None, "folder wandb writes its files under (DIR/wandb); null = RUN_DIR")
+    group: str | None = opt(None, "W&B run group")
+    tags: list = opt(None, "W&B run tags", factory=list)
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str | None = opt(None, "MLflow tracking URI (a server http://..., sqlite:///PATH, ...); null = "
+                                   "$MLFLOW_TRACKING_URI if set, else the local store sqlite:///RUN_DIR/mlflow.db")
+    experiment: str = opt("credo", "MLflow experiment name (created if missing)")
+    run_name: str | None = opt(None, "MLflow run name; null = the run directory's name")
+
+
+@dataclass
+class TrackioConfig:
+    project: str = opt("credo", "trackio project")
+    name: str | None = opt(None, "trackio run name; null = the run directory's name")
+    dir: str | None = opt(None, "trackio's local store (sets $TRACKIO_DIR before trackio is imported); null = "
+                          "trackio's own ($TRACKIO_DIR or ~/.cache/huggingface/trackio)")
+
+
+@dataclass
 class LogConfig:
+    trackers: list = opt(None, "experiment trackers that also get every metric and the resolved config: any of "
+                         "wandb, mlflow, trackio, e.g. [wandb, mlflow] (docs/tracking.md)", factory=list)
+    wandb: WandbConfig = opt(None, "Weights & Biases settings (log.trackers has wandb)", factory=WandbConfig)
+    mlflow: MlflowConfig = opt(None, "MLflow settings (log.trackers has mlflow)", factory=MlflowConfig)
+    trackio: TrackioConfig = opt(None, "trackio settings (log.trackers has trackio)", factory=TrackioConfig)
     tensorboard: bool = opt(True, "write TensorBoard events to RUN_DIR/tb")
     progress: bool = opt(True, "live progress bar (plain lines when not a terminal)")
     print_every: int = opt(10, "plain-text progress line every N steps when not a terminal", min=1)
@@ -302,6 +346,9 @@ class RunConfig:
     seed: int = opt(0, "global seed")
     output_dir: str = opt("runs", "parent directory of run directories")
     run_name: str | None = opt(None, "run directory name (null = TASK-LOSS-TIMESTAMP)")
+    plugins: list = opt(None, "modules imported before the config is checked, to register environments, AgentGym "
+                        "adapters, rewards or tasks (the working directory is searched first; --plugin M adds one)",
+                        factory=list)
     model: ModelConfig = opt(None, factory=ModelConfig)
     task: TaskConfig = opt(None, factory=TaskConfig)
     rollout: RolloutConfig = opt(None, factory=RolloutConfig)

@@ -1,4 +1,4 @@
-"""User datasets from local JSON-lines and Parquet files.
+"""User datasets from local JSON-lines and Parquet files, Hugging Face ``datasets`` directories and Arrow files.
 
 ::
 
@@ -52,6 +52,7 @@ __all__ = [
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+ARROW_SUFFIXES = (".arrow",)  # an Arrow file written by Hugging Face datasets (read with the datasets library)
 _WARN_FIRST = 5  # bad-row locations quoted in the skip warning
 DEFAULT_MAX_ROW_BYTES = 1 << 20  # 1 MiB: a row longer than this is a bad row (task.max_row_bytes)
 _SKIP_CHUNK = 1 << 20  # an oversized line is read on (and dropped) this many bytes at a time
@@ -156,18 +157,50 @@ def _iter_jsonl(path: str, max_bytes: int) -> Iterator[_RawRow]:
                 yield lineno, None, f"invalid JSON: {e.msg} (column {e.colno})"
 
 
+def _load_hf(path: str, fmt: str):
+    """A Hugging Face ``datasets.Dataset`` from a ``save_to_disk`` directory or an Arrow file; a directory of
+    several splits (a DatasetDict) is a DatasetError naming them (point at DIR/<split>)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"{path}: reading Hugging Face datasets directories and Arrow files needs the datasets "
+                           f"library: pip install datasets") from None
+    if fmt == "arrow":
+        return datasets.Dataset.from_file(path)
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        splits = sorted(p.name for p in Path(path).iterdir() if p.is_dir())
+        raise DatasetError(f"{path} holds the splits {', '.join(splits)}: point task.train_file / task.eval_file at "
+                           f"one of them, e.g. {os.path.join(path, splits[0] if splits else 'train')}")
+    if not os.path.isfile(os.path.join(path, "state.json")):
+        raise DatasetError(f"{path} is a directory but not a Hugging Face datasets directory (no state.json)")
+    return datasets.load_from_disk(path)
+
+
+def _iter_hf(path: str, fields: _Fields, max_bytes: int, fmt: str) -> Iterator[_RawRow]:
+    """Rows of a Hugging Face dataset (1-based row numbers), measured like Parquet rows; a missing prompt / answer
+    / uid column is fatal."""
+    ds = _load_hf(path, fmt)
+    _check_columns(path, list(ds.column_names), fields)
+    for lineno, row in enumerate(ds, start=1):
+        size = len(json.dumps(row, ensure_ascii=False, default=str).encode())
+        yield (lineno, None, row_too_long(size, max_bytes)) if size > max_bytes else (lineno, row, "")
+
+
+def _check_columns(path: str, columns: list[str], fields: _Fields) -> None:
+    for role, name in (("prompt", fields.prompt), ("answer", fields.answer), ("uid", fields.uid)):
+        if name is not None and name not in columns and name.split(".")[0] not in columns:
+            raise DatasetError(
+                f"{path}: no {role} column {name!r}; available columns: {', '.join(columns) or 'none'}"
+            )
+
+
 def _iter_parquet(path: str, fields: _Fields, max_bytes: int) -> Iterator[_RawRow]:
     """Rows of a Parquet file as dicts; a missing prompt/answer/uid column is fatal. A row is measured as its
     JSON text (after pyarrow decoded it: the cap bounds what is tokenised, not what pyarrow reads)."""
     import pyarrow.parquet as pq  # imported lazily: only Parquet users pay for it
 
     pf = pq.ParquetFile(path)
-    columns = pf.schema_arrow.names
-    for role, name in (("prompt", fields.prompt), ("answer", fields.answer), ("uid", fields.uid)):
-        if name is not None and name not in columns and name.split(".")[0] not in columns:
-            raise DatasetError(
-                f"{path}: no {role} column {name!r}; available columns: {', '.join(columns) or 'none'}"
-            )
+    _check_columns(path, pf.schema_arrow.names, fields)
     lineno = 0
     for batch in pf.iter_batches(batch_size=4096):
         for row in batch.to_pylist():
@@ -286,8 +319,13 @@ def _file_format(path: str) -> str:
         return "jsonl"
     if suffix in PARQUET_SUFFIXES:
         return "parquet"
-    known = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES)
-    raise ValueError(f"{path}: unsupported dataset file extension {suffix or '(none)'!r}; expected one of {known}")
+    if suffix in ARROW_SUFFIXES:
+        return "arrow"
+    if os.path.isdir(path):
+        return "hf_dir"
+    known = ", ".join(JSONL_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES)
+    raise ValueError(f"{path}: unsupported dataset file extension {suffix or '(none)'!r}; expected one of {known}, "
+                     f"or a Hugging Face datasets directory (save_to_disk)")
 
 
 def bad_row_summary(bad: Sequence[BadRow]) -> str:
@@ -307,7 +345,8 @@ def load_dataset_file(
     max_bad_rows: int | None = None,
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
 ) -> FileDataset:
-    """Load a JSONL (``.jsonl``/``.json``/``.ndjson``) or Parquet (``.parquet``/``.pq``) file.
+    """Load a JSONL (``.jsonl``/``.json``/``.ndjson``) or Parquet (``.parquet``/``.pq``) file, or with the ``datasets``
+    library a Hugging Face datasets directory (``Dataset.save_to_disk``; one split of a DatasetDict) or Arrow file.
 
     Raises ValueError for an unknown extension, FileNotFoundError for a missing file, and
     :class:`DatasetError` (a ValueError) for a Parquet file without the prompt/answer/uid column, a
@@ -323,10 +362,11 @@ def load_dataset_file(
         raise ValueError(f"max_row_bytes must be a positive int, got {max_row_bytes!r}")
     path = os.fspath(path)
     fmt = _file_format(path)
-    if not os.path.isfile(path):
+    if not (os.path.isdir(path) if fmt == "hf_dir" else os.path.isfile(path)):
         raise FileNotFoundError(f"dataset file not found: {path}")
     fields = _Fields(prompt_field, answer_field, uid_field)
-    rows = _iter_jsonl(path, max_row_bytes) if fmt == "jsonl" else _iter_parquet(path, fields, max_row_bytes)
+    rows = _iter_jsonl(path, max_row_bytes) if fmt == "jsonl" else _iter_parquet(path, fields, max_row_bytes) \
+        if fmt == "parquet" else _iter_hf(path, fields, max_row_bytes, fmt)
 
     ds = FileDataset(path=path)
     base = os.path.basename(path)

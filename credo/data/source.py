@@ -65,7 +65,7 @@ def load_task_data(cfg, *, seed: int) -> TaskData:
     """``cfg`` is a :class:`credo.config.TaskConfig`; ``seed`` is used when ``cfg.seed`` is null."""
     data_seed = cfg.seed if cfg.seed is not None else seed
     if cfg.name != "file":
-        task = get_task(cfg.name, **cfg.params)
+        task = get_task(cfg.name, curriculum=cfg.curriculum, **cfg.params)
         train, eval_ = build_splits(task, train_size=cfg.train_size, eval_size=cfg.eval_size, seed=data_seed)
         return TaskData(cfg.name, train, eval_, task.default_reward, task.demonstration)
     origins: dict[str, tuple[str, int]] = {}

@@ -19,6 +19,10 @@ Built-ins:
 Each built-in marks its grounding span(s) in ``Example.meta["grounding"]``: half-open character spans of the
 prompt holding what the answer is computed from (the string to reverse, the operands, the numbers and the
 target), which VEPO perturbs (``credo.methods.vepo.grounding``).
+
+Task libraries (``docs/tasks.md``): ``rg:<dataset>`` names a reasoning-gym dataset
+(:mod:`credo.data.reasoning_gym_task`, resolved by :func:`get_task`, imported only when named) and
+``humaneval`` the HumanEval problems (:mod:`credo.data.humaneval_task`).
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ __all__ = [
     "list_tasks",
     "task_param_names",
     "build_splits",
+    "RG_PREFIX",
     "TASKS",
 ]
 
@@ -73,6 +78,13 @@ class Task:
     def params(self) -> dict[str, Any]:
         """The task's keyword parameters and their current values."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def splits(self, *, train_size: int, eval_size: int, seed: int) -> tuple[list[Example], list[Example]]:
+        """``(train, eval)`` of :func:`build_splits`: by default examples drawn one at a time from
+        :meth:`make_example`; a task with its own generator or a fixed problem set overrides this."""
+        eval_examples = _eval_split(self, eval_size, _split_rng(seed, self, "eval"))
+        held_out = {ex.prompt for ex in eval_examples}
+        return _train_split(self, train_size, _split_rng(seed, self, "train"), held_out), eval_examples
 
     def _uid(self, split: str, index: int) -> str:
         return f"{self.name}/{split}/{index}"
@@ -110,14 +122,33 @@ def _task_class(name: str) -> type[Task]:
 
 
 def list_tasks() -> list[str]:
-    """Names of all registered tasks, sorted."""
+    """Names of all registered tasks, sorted (``rg:<dataset>`` names are resolved on use, not listed)."""
     return sorted(TASKS)
+
+
+RG_PREFIX = "rg:"  # task names "rg:<dataset>": a reasoning-gym dataset (credo.data.reasoning_gym_task)
+RG_MODULE = "credo.data.reasoning_gym_task"  # imported by name: it builds on this module (no import cycle)
+
+
+def _rg():
+    import importlib
+
+    return importlib.import_module(RG_MODULE)
 
 
 def task_param_names(name: str) -> dict[str, Any]:
     """Parameter name -> default for task ``name`` (for config validation)."""
+    if name.startswith(RG_PREFIX):
+        return _rg().rg_param_defaults(name[len(RG_PREFIX):])
+    return field_defaults(_task_class(name))
+
+
+def field_defaults(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Field name -> default of dataclass ``cls`` (None for a field without one), ``skip`` left out."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(_task_class(name)):
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         if f.default is not dataclasses.MISSING:
             out[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -127,9 +158,13 @@ def task_param_names(name: str) -> dict[str, Any]:
     return out
 
 
-def get_task(name: str, **params: Any) -> Task:
+def get_task(name: str, *, curriculum: dict | None = None, **params: Any) -> Task:
     """Instantiate task ``name``. Unknown name -> KeyError, unknown parameter -> TypeError,
-    out-of-range value -> ValueError."""
+    out-of-range value -> ValueError. ``curriculum`` (``task.curriculum``) is for ``rg:`` tasks only."""
+    if name.startswith(RG_PREFIX):
+        return _rg().RgTask(dataset=name[len(RG_PREFIX):], config=params, curriculum=curriculum)
+    if curriculum:
+        raise ValueError(f"task.curriculum: task {name!r} has no curriculum (reasoning-gym tasks rg:<dataset> do)")
     cls = _task_class(name)
     known = task_param_names(name)
     for key in params:
@@ -344,7 +379,4 @@ def build_splits(task: Task, *, train_size: int, eval_size: int, seed: int) -> t
     for label, n in (("train_size", train_size), ("eval_size", eval_size)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"{label} must be a non-negative int, got {n!r}")
-    eval_examples = _eval_split(task, eval_size, _split_rng(seed, task, "eval"))
-    held_out = {ex.prompt for ex in eval_examples}
-    train_examples = _train_split(task, train_size, _split_rng(seed, task, "train"), held_out)
-    return train_examples, eval_examples
+    return task.splits(train_size=train_size, eval_size=eval_size, seed=seed)

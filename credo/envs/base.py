@@ -83,7 +83,9 @@ def register_env(spec: EnvSpec) -> EnvSpec:
 
 # Modules whose import registers built-in environments, resolved by name (``verify``, AgentV-RL's agentic
 # verifier, lives in its method package above this registry).
-BUILTIN_MODULES = ("credo.envs.builtin", "credo.methods.agentic_verifier.env")
+BUILTIN_MODULES = ("credo.envs.builtin", "credo.methods.agentic_verifier.env", "credo.envs.agentgym")
+# name prefixes resolved by a function instead of the registry ("agentgym:" -> credo.envs.agentgym.remote_spec)
+PREFIXES: dict[str, Callable[[str], EnvSpec]] = {}
 
 
 def list_envs() -> list[str]:
@@ -94,7 +96,12 @@ def list_envs() -> list[str]:
 
 
 def get_env_spec(name: str) -> EnvSpec:
+    """The spec of a registered environment, or of ``agentgym:<name>`` (an AgentGym server's contract from
+    :data:`credo.envs.agentgym.ADAPTERS`)."""
     list_envs()
+    for prefix, resolve in PREFIXES.items():
+        if name.startswith(prefix):
+            return resolve(name)
     if name not in ENVS:
         close = difflib.get_close_matches(name, list(ENVS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from credo.config import RunConfig, dump_config
+from credo.config import RunConfig, config_to_dict, dump_config
 from credo.data.source import TaskData
 from credo.models import num_parameters, save_model
 from credo.rewards import RewardRunner
@@ -22,6 +22,7 @@ from credo.rollout import HFRolloutEngine
 from credo.collect.evaluate import evaluate
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
+from credo.tracking.trackers import open_trackers
 from credo.train.sft import run_sft
 from credo.types import SamplingParams
 
@@ -94,13 +95,28 @@ def reward_runner(cfg: RunConfig, data: TaskData):
 
         return RewardPool(kwargs, workers=d.reward_workers, num_cpus=d.worker_cpus, faults=injected_faults(cfg, "reward"))
     if not r.mix:
-        return RewardRunner(**kwargs)
-    components = [(kwargs["name_or_path"], r.weight, RewardRunner(**kwargs))]
+        return _routed(cfg, RewardRunner(**kwargs))
+    components = [(kwargs["name_or_path"], r.weight, _routed(cfg, RewardRunner(**kwargs)))]
     for comp in r.mix:
         components.append((comp["name"], float(comp.get("weight", 1.0)), RewardRunner(
             comp["name"], fn_kwargs=comp.get("kwargs", {}), timeout_s=r.timeout_s, failure_score=r.failure_score,
             workers=r.workers, executor=comp.get("executor", "auto"))))
     return MixedRunner(components)
+
+
+def _routed(cfg: RunConfig, runner):
+    """``runner``, or with ``reward.by_data_source`` a RoutedRunner sending those rows to their own verifiers."""
+    r = cfg.reward
+    if not r.by_data_source:
+        return runner
+    from credo.rewards.routed import RoutedRunner
+
+    routes = {}
+    for source, spec in r.by_data_source.items():
+        spec = spec if isinstance(spec, dict) else {"name": spec}
+        routes[source] = RewardRunner(spec["name"], fn_kwargs=spec.get("kwargs", {}), timeout_s=r.timeout_s,
+                                      failure_score=r.failure_score, workers=r.workers, executor=r.executor)
+    return RoutedRunner(runner, routes)
 
 
 def training_runner(cfg: RunConfig, runner, step: int):
@@ -169,6 +185,16 @@ def load_data(cfg: RunConfig, seed: int) -> TaskData:
     from credo.data.source import load_task_data
 
     return load_task_data(cfg.task, seed=seed)
+
+
+def metrics_logger(cfg: RunConfig, run_dir: Path, *, resume_step: int | None = None,
+                   trackers: bool = True) -> MetricsLogger:
+    """The run's MetricsLogger (JSONL, TensorBoard) with the experiment trackers of ``log.trackers``
+    (``trackers=False``: none, e.g. on distributed ranks other than 0; docs/tracking.md)."""
+    opened = None
+    if trackers and cfg.log.trackers:
+        opened = open_trackers(cfg.log, run_dir, config=config_to_dict(cfg), resume=resume_step is not None)
+    return MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard, resume_step=resume_step, trackers=opened)
 
 
 def warm_start_enabled(cfg: RunConfig, fresh: bool) -> bool:

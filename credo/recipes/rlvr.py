@@ -32,14 +32,14 @@ import torch
 from credo.algo import advantage_requirements, compute_advantages, masked_mean
 from credo.algo.advantages import discounted_returns
 from credo.config import RunConfig
-from credo.data import PromptSampler
+from credo.data.sampler import prompt_sampler
 from credo.data.source import TaskData, drop_overlong, format_prompts, model_context
 from credo.distributed import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
-from credo.recipes.common import (load_data, prepare_run_dir, reward_runner, rollout_engine, run_eval, save_final,
-                                  seed_everything, warm_start, warm_start_enabled, write_summary)
+from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
+                                  save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
 from credo.recipes.stages import (COLLECTOR_KEY, apply_reference, build_collector, build_token_selector,
                                   collector_state, greedy_baselines, load_reference, needs_critic,
                                   needs_old_logprob_pass, needs_reference, new_critic, shardable, step_metrics,
@@ -154,14 +154,14 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
     config, and the coordinator of the distributed mode (closed by ``stack``)."""
     rollout = RolloutCoordinator.of(cfg, dp, shardable=shardable(cfg))
     runner = None if rollout.follower else stack.enter_context(reward_runner(cfg, data))
-    logger = stack.enter_context(MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard,
-                                               resume_step=_step_of(ckpt) if ckpt else None))
+    logger = stack.enter_context(metrics_logger(cfg, run_dir, resume_step=_step_of(ckpt) if ckpt else None,
+                                                trackers=dp.rank == 0))
     optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
     engine = None
     if not rollout.follower:  # Ray mode: rank 0 alone drives the rollout and reward pools
         engine = rollout_engine(cfg, model, tokenizer, seed=rollout.engine_seed(cfg.seed), log_dir=run_dir)
         stack.callback(engine.close)
-    sampler = rollout.sampler(PromptSampler(data.train, seed=cfg.seed))
+    sampler = rollout.sampler(prompt_sampler(data.train, seed=cfg.seed, curriculum=cfg.task.curriculum))
     collector = build_collector(cfg, engine=engine, runner=runner, model=model, tokenizer=tokenizer, data=data,
                                 sampler=sampler, run_dir=run_dir)
     rollout.attach(model=model, engine=engine, runner=runner, collector=collector)

@@ -12,6 +12,8 @@ from credo.config import RunConfig, load_config
 from credo.data.source import format_prompts, load_task_data
 from credo.models import load_model, load_or_build, save_model
 from credo.recipes.common import (
+    load_data,
+    metrics_logger,
     prepare_run_dir,
     reward_runner,
     run_eval,
@@ -20,7 +22,6 @@ from credo.recipes.common import (
     write_summary,
 )
 from credo.rollout import HFRolloutEngine
-from credo.tracking.metrics import MetricsLogger
 
 
 def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
@@ -33,7 +34,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
-    with reward_runner(cfg, data) as runner, MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger:
+    with reward_runner(cfg, data) as runner, metrics_logger(cfg, run_dir) as logger:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
                                  lean=cfg.rollout.lean_decode)
         before = run_eval(cfg, engine, runner, data, run_dir, step=0)
@@ -50,7 +51,7 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
     """Evaluate a run directory (its config and final model or latest checkpoint), a checkpoint or a model dir."""
     cfg, model_dir = resolve_target(target, config, overrides)
     seed_everything(cfg.seed, cfg.train.threads)
-    data = load_task_data(cfg.task, seed=cfg.seed)
+    data = load_data(cfg, cfg.seed)  # an agent run's are the held-out tasks of its environments
     model, tokenizer = load_model(model_dir, cfg.model)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
     with reward_runner(cfg, data) as runner:
@@ -59,8 +60,13 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
         examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
         from credo.collect.evaluate import evaluate
 
+        if data.default_reward is None:  # agent RL: episodes against the run's environments
+            from credo.collect.agent import AgentOptions, evaluate_agent
+
+            metrics = evaluate_agent(AgentOptions.of(cfg), engine, tokenizer, examples, seed=cfg.seed)
+            return {"model": str(model_dir), "examples": len(examples), **metrics}
         metrics = evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
-                           max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed)
+                           max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed, pass_k=cfg.eval.pass_k)
     return {"model": str(model_dir), "examples": len(examples), **metrics}
 
 

@@ -55,7 +55,9 @@ def chat_template(tokenizer) -> AgentTemplate:
     assistant prefix and the observation wrapping are read off the template once by rendering."""
 
     def render(messages, generation_prompt: bool) -> list[int]:
-        return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt))
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+        # transformers >= 5 answers a BatchEncoding (a mapping: list() of it would be its keys), 4.x a list of ids
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     probe = [{"role": "user", "content": "x"}]
     base = render(probe, False)

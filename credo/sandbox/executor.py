@@ -12,7 +12,8 @@ Layers, outermost first (each fails closed):
 4. the seccomp deny-list of :mod:`credo.sandbox.seccomp`.
 
 A watchdog outside the sandbox polls the cgroup's CPU time (TLE is judged on CPU time, summed over all
-processes of the run) and the wall clock (a backstop for sleeping programs), and kills the whole cgroup.
+processes of the run) and the wall clock (a backstop for sleeping programs, or with ``Limits.wall_time_s`` the
+limit itself, judged first), and kills the whole cgroup.
 stdout and stderr are read concurrently with byte caps (exceeding one is OLE).
 
 Rootless mode (``rootless=True``, no cgroup, no uid drop) replaces layer 1 with rlimits and the process
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from credo.procs import set_parent_death_signal
-from credo.sandbox import seccomp
+from credo.sandbox import seccomp, workfiles
 from credo.sandbox.cgroups import CgroupManager, RunCgroup
 from credo.sandbox.isolation import find_bwrap
 from credo.sandbox.limits import Limits
@@ -61,6 +62,9 @@ class RawRun:
     oom_killed: bool = False
     setup_error: str = ""  # the sandbox could not start the program (infrastructure failure)
     notes: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)  # fetched files (``fetch`` of :func:`execute`)
+    fetch_tar: bytes = b""  # the tar stream they came in (isolated mode)
+    fetch_exceeded: bool = False  # the stream was over workfiles.MAX_FETCH_BYTES: no file is returned
 
 
 class _CappedReader(threading.Thread):
@@ -153,21 +157,29 @@ def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity
             cgroups: CgroupManager | None, workdir: Path | None = None, files: dict[str, Path] | None = None,
             scratch: Path | None = None, work_mb: int = 64, env: dict[str, str] | None = None, isolated: bool = True,
             extra_memory_mb: int = 0, min_processes: int = 0, rootless: bool = False,
-            address_space_mb: int = 1024, bwrap: str = "") -> RawRun:
+            address_space_mb: int = 1024, bwrap: str = "", inputs: dict[str, bytes] | None = None,
+            fetch: tuple[str, ...] = ()) -> RawRun:
     """Run ``argv`` in ``/work`` under ``limits``.
 
     ``workdir`` (host directory, bound read-write) or ``files`` (name -> host path, bound read-only into a
     tmpfs ``/work``). ``isolated=False`` (unsafe mode) runs the command directly in ``workdir`` or in
     ``scratch`` with ``files`` copied in, with rlimits and the cgroup only. ``rootless=True`` (no
     ``cgroups``, no ``identity``) adds RLIMIT_AS (memory + ``address_space_mb``) and RLIMIT_NPROC.
+    ``inputs`` (path -> bytes, validated paths) are written into ``/work`` before the program starts and the
+    regular files named in ``fetch`` are read back after it exits (``RawRun.files``; :mod:`workfiles`);
+    neither goes with ``workdir``.
     """
     files = files or {}
+    if workdir is not None and (inputs or fetch):
+        raise ValueError("input and fetched files need a tmpfs /work, not a host workdir")
     env = {**BASE_ENV, **(env or {}), **limits.extra_env}
     memory = (limits.memory_mb + extra_memory_mb) << 20
     processes = max(limits.processes, min_processes)
     cg = cgroups.create(memory_bytes=memory, pids=processes) if cgroups else None
     sc_r = sc_w = None
     status = list(os.pipe())  # [read end, write end]; _supervise closes and clears the write end
+    pipe = list(os.pipe()) if fetch and isolated else None  # tar stream of the fetched files, same protocol
+    input_fds: list[int] = []
     try:
         pre = Preexec.of(limits, identity, cg, address_space=memory + (address_space_mb << 20) if rootless else None,
                          processes=processes if rootless else None)
@@ -176,17 +188,27 @@ def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity
             os.write(sc_w, seccomp.build_filter())
             os.close(sc_w)
             sc_w = None
-            cmd = bwrap_command(argv, workdir=workdir, files=files, work_mb=work_mb, env=env, seccomp_fd=sc_r,
+            input_fds = [workfiles.input_fd(inputs)] if inputs else []
+            run_argv = list(argv)
+            if inputs or pipe:
+                run_argv = workfiles.wrap_argv(run_argv, inputs_fd=input_fds[0] if inputs else None,
+                                               fetch_fd=pipe[1] if pipe else None, paths=fetch)
+            cmd = bwrap_command(run_argv, workdir=workdir, files=files, work_mb=work_mb, env=env, seccomp_fd=sc_r,
                                 status_fd=status[1], bwrap=bwrap)
             cwd = workdir or Path("/")
         else:
-            cwd = workdir or _unsafe_dir(scratch, files)
+            cwd = workdir or _unsafe_dir(scratch, files, inputs or {})
             cmd, env = list(argv), {**env, "HOME": str(cwd)}
-        return _supervise(cmd, workdir=cwd, limits=limits, stdin=stdin, preexec=pre, memory=memory,
-                          env=env, isolated=isolated, pass_fds=tuple(fd for fd in (sc_r, status[1]) if fd is not None),
-                          status=status)
+        fds = tuple(fd for fd in (sc_r, status[1], *(pipe or ())[1:], *input_fds) if fd is not None)
+        raw = _supervise(cmd, workdir=cwd, limits=limits, stdin=stdin, preexec=pre, memory=memory,
+                         env=env, isolated=isolated, pass_fds=fds, status=status, fetch=pipe)
+        if fetch and not isolated:
+            raw.files = workfiles.read_host(cwd, fetch)
+        elif fetch:
+            raw.files = workfiles.read_tar(raw.fetch_tar, fetch, raw.fetch_exceeded)
+        return raw
     finally:
-        for fd in (sc_r, sc_w, *status):
+        for fd in (sc_r, sc_w, *status, *(pipe or ()), *input_fds):
             if fd is not None:
                 try:
                     os.close(fd)
@@ -196,12 +218,14 @@ def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity
             cg.remove()
 
 
-def _unsafe_dir(scratch: Path | None, files: dict[str, Path]) -> Path:
+def _unsafe_dir(scratch: Path | None, files: dict[str, Path], inputs: dict[str, bytes]) -> Path:
     if scratch is None:
         raise ValueError("unsafe execution of bound files needs a scratch directory")
     scratch.mkdir(parents=True, exist_ok=True)
+    os.chmod(scratch, 0o777)  # a uid-dropped run may write its own files next to the program
     for name, src in files.items():
         shutil.copy2(src, scratch / name)
+    workfiles.write_host(scratch, inputs)
     return scratch
 
 
@@ -264,7 +288,7 @@ def _reap(proc: subprocess.Popen, block: bool):
 
 
 def _supervise(cmd, *, workdir, limits, stdin, preexec: Preexec, memory: int, env, isolated, pass_fds,
-               status) -> RawRun:
+               status, fetch: list | None = None) -> RawRun:
     raw = RawRun()
     kill_event = threading.Event()
     start = time.monotonic()
@@ -277,18 +301,26 @@ def _supervise(cmd, *, workdir, limits, stdin, preexec: Preexec, memory: int, en
         raw.setup_error = f"could not start the sandbox: {exc}"
         return raw
     acct = cg if cg is not None else ProcessTree(proc.pid, memory)  # without a cgroup: the process tree
-    os.close(status[1])  # our copy of the write end; bwrap holds its own
-    status[1] = None
+    readers = []
+    for pipe in (status, fetch):  # our copies of the write ends; bwrap holds its own
+        if pipe is not None:
+            os.close(pipe[1])
+            pipe[1] = None
     out = _CappedReader(proc.stdout, limits.output_bytes, kill_event.set)
     err = _CappedReader(proc.stderr, limits.output_bytes, kill_event.set)
     writer = _StdinWriter(proc.stdin, stdin)
-    for t in (out, err, writer):
+    if fetch is not None:  # a big fetched file is left out, never a reason to stop the run
+        readers.append(_CappedReader(os.fdopen(fetch[0], "rb", buffering=0), workfiles.MAX_FETCH_BYTES, lambda: None))
+        fetch[0] = None  # the reader's file object owns it now
+    for t in (out, err, writer, *readers):
         t.start()
     usage = None
     while (usage := _reap(proc, block=False)) is None and proc.returncode is None:
         if isinstance(acct, ProcessTree):
             acct.sample()
-        if acct.cpu_seconds() > limits.time_s:
+        if limits.wall_time_s > 0 and time.monotonic() - start > limits.wall_s:
+            raw.wall_exceeded = True  # a wall-clock limit (SandboxFusion's run_timeout) is judged first
+        elif acct.cpu_seconds() > limits.time_s:
             raw.cpu_exceeded = True
         elif time.monotonic() - start > limits.wall_s:
             raw.wall_exceeded = True
@@ -302,9 +334,12 @@ def _supervise(cmd, *, workdir, limits, stdin, preexec: Preexec, memory: int, en
     if cg is None:
         acct.finish(usage)
         _kill_group(proc.pid)
-    for t in (out, err):
+    for t in (out, err, *readers):
         t.join(timeout=5)
     raw.stdout, raw.stderr = out.data, err.data
+    for reader in readers:
+        raw.fetch_tar, raw.fetch_exceeded = reader.data, reader.exceeded
+        reader.pipe.close()
     raw.output_exceeded = out.exceeded or err.exceeded
     raw.cpu_time_s = acct.cpu_seconds()
     raw.memory_peak_bytes = acct.memory_peak()

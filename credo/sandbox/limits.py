@@ -60,7 +60,7 @@ def check_env(value: Any, name: str) -> None:
 # field -> (integer?, minimum, strict?) for every numeric limit
 _NUMBERS = {"time_s": (False, 0.0, True), "memory_mb": (True, 1, False), "output_bytes": (True, 1, False),
             "processes": (True, 1, False), "file_size_mb": (True, 0, False), "open_files": (True, 1, False),
-            "wall_factor": (False, 1.0, False)}
+            "wall_factor": (False, 1.0, False), "wall_time_s": (False, 0.0, False)}
 
 
 def check_limit(name: str, value: Any, label: str | None = None) -> None:
@@ -77,7 +77,8 @@ def check_limit(name: str, value: Any, label: str | None = None) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """Limits of one run. Time is CPU time; ``wall_factor`` gives the wall-clock backstop.
+    """Limits of one run. Time is CPU time; ``wall_factor`` gives the wall-clock backstop, or ``wall_time_s``
+    (when > 0) an exact wall-clock limit (SandboxFusion's ``run_timeout``): exceeding either is TLE.
 
     Every field is validated on construction (:class:`FieldError` names the field)."""
 
@@ -89,6 +90,7 @@ class Limits:
     open_files: int = 64  # RLIMIT_NOFILE
     wall_factor: float = 3.0  # wall-clock backstop = wall_factor * time_s + 1 s (sleeping programs are TLE)
     extra_env: dict = field(default_factory=dict)  # extra environment variables (the environment is cleared)
+    wall_time_s: float = 0.0  # > 0: the wall-clock limit itself (checked before CPU time); 0: the backstop
 
     def __post_init__(self) -> None:
         for name in LIMIT_FIELDS:
@@ -96,7 +98,8 @@ class Limits:
 
     @property
     def wall_s(self) -> float:
-        return self.wall_factor * self.time_s + 1.0
+        """The wall-clock limit: ``wall_time_s`` when set, else the backstop ``wall_factor * time_s + 1``."""
+        return self.wall_time_s if self.wall_time_s > 0 else self.wall_factor * self.time_s + 1.0
 
 
 LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
@@ -127,6 +130,11 @@ class LimitCaps:
                 check_number(self.tests, "maximum tests", integer=True, minimum=1)
             else:
                 check_limit(f.name, getattr(self, f.name), label=f"maximum {f.name}")
+
+    @property
+    def wall_time_s(self) -> float:
+        """Largest ``wall_time_s`` a request may ask for: the largest backstop."""
+        return self.wall_factor * self.time_s + 1.0
 
     def limits(self, data: Any = None, **kwargs: Any) -> Limits:
         """:func:`parse_limits` under these maxima."""

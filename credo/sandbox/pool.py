@@ -290,10 +290,11 @@ class Sandbox:
 
 def job_timeout(request: RunRequest | JudgeRequest) -> float:
     """Parent-side hard limit for one job: compile + every test's wall backstop + margin."""
+    compile_s = max(COMPILE_LIMITS.wall_s, getattr(request, "compile_timeout_s", None) or 0.0)
     per_run = request.limits.wall_s + 2.0
     runs = 1 if isinstance(request, RunRequest) else max(1, len(request.tests)) * (
         2 if getattr(request, "checker", "") == "program" else 1)
-    return COMPILE_LIMITS.wall_s * 2 + per_run * runs + 30.0
+    return compile_s * 2 + per_run * runs + 30.0
 
 
 def judge_request(data: dict[str, Any]) -> JudgeRequest:

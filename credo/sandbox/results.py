@@ -9,9 +9,12 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from credo.sandbox.checkers import CHECKERS
+from credo.sandbox.languages import get_language
 from credo.sandbox.limits import FieldError, LimitCaps, Limits, check_number, parse_limits, type_name
+from credo.sandbox.workfiles import check_fetch, check_inputs
 
 HEAD_BYTES = 1024  # stdout / stderr heads kept per judged test
+MAX_COMPILE_TIMEOUT_S = 120.0  # largest compile_timeout_s a request may ask for
 
 
 @dataclass
@@ -26,6 +29,10 @@ class RunResult:
     memory_peak_bytes: int = 0
     detail: str = ""
     language: str = ""
+    files: dict[str, str] = field(default_factory=dict)  # fetched files, base64 (RunRequest.fetch_files)
+    # the compile step of a compiled language, with its own verdict (OK | RE | TLE | MLE | OLE | SE); a failed
+    # compile makes this result CE (SE when the step was SE); None for interpreted languages
+    compile: RunResult | None = None
 
 
 @dataclass
@@ -61,10 +68,20 @@ class RunRequest:
     language: str | None = None  # None: detect from the source
     stdin: str = ""
     limits: Limits = field(default_factory=Limits)
+    files: dict = field(default_factory=dict)  # work-dir path -> base64 content, written before the run (null: skip)
+    fetch_files: list = field(default_factory=list)  # work-dir paths read back after the run (RunResult.files)
+    compile_timeout_s: float | None = None  # compile step's CPU and wall-clock limit (None: COMPILE_LIMITS)
 
     def __post_init__(self) -> None:
         _check_common(self)
         _check_type(self.stdin, "stdin", str)
+        check_inputs(self.files, _own_files(self.language))
+        check_fetch(self.fetch_files)
+        if self.compile_timeout_s is not None:
+            check_number(self.compile_timeout_s, "compile_timeout_s", strict=True)
+            if self.compile_timeout_s > MAX_COMPILE_TIMEOUT_S:
+                raise FieldError(f"compile_timeout_s={self.compile_timeout_s!r} exceeds the maximum "
+                                 f"{MAX_COMPILE_TIMEOUT_S:g}")
 
 
 @dataclass
@@ -90,6 +107,15 @@ class JudgeRequest:
         check_number(self.float_tol, "float_tol")
         _check_type(self.fn_name, "fn_name", (str, type(None)))
         _check_type(self.stop_on_first_failure, "stop_on_first_failure", bool)
+
+
+def _own_files(language: Any) -> tuple[str, ...]:
+    """The work-dir files a language's program occupies (input files may not replace them)."""
+    try:
+        lang = get_language(language) if isinstance(language, str) else None
+    except ValueError:
+        return ()
+    return (lang.source_file, *lang.artifacts) if lang else ()
 
 
 def _check_type(value: Any, name: str, kinds: type | tuple[type, ...]) -> None:

@@ -3,7 +3,9 @@
     POST /run          {"source", "language"?, "stdin"?, "limits"?}           -> RunResult
     POST /judge        {"source", "tests", "language"?, "limits"?, "checker"?, "fn_name"?, ...} -> JudgeResult
     POST /judge_batch  {"requests": [judge request, ...]}                   -> {"results": [JudgeResult, ...]}
-    POST /run_code     SandboxFusion's request and response shape, so verl configs can point at credo
+    POST /run_code     SandboxFusion's request and response, field by field (docs/sandbox.md), so verl configs
+                       and SandboxFusion's own client (``sandbox_fusion.run_code``) can point at credo
+    GET  /v1/ping      "pong" (SandboxFusion's liveness check)
     GET  /health       {"status": "ok", "workers", "pending", "stats"}
 
 Every field is validated: a wrong type, an out-of-range value or an unknown field is answered 422 with a
@@ -18,21 +20,40 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
-from credo.sandbox.limits import CE, OK, TLE, FieldError, LimitCaps, check_number, parse_limits, type_name
+from credo.sandbox.limits import (
+    CE,
+    MAX_INT,
+    MLE,
+    OK,
+    OLE,
+    SE,
+    TLE,
+    FieldError,
+    LimitCaps,
+    check_number,
+    parse_limits,
+    type_name,
+)
 from credo.sandbox.pool import Sandbox
-from credo.sandbox.results import RunRequest, parse_judge, parse_run
+from credo.sandbox.results import MAX_COMPILE_TIMEOUT_S, RunRequest, RunResult, parse_judge, parse_run
 
-# SandboxFusion language names that differ from credo's
+# SandboxFusion's language names credo runs -> credo's (c and javascript are credo's own names, accepted too)
 _FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "c": "c", "nodejs": "javascript", "javascript": "javascript",
                      "bash": "bash", "java": "java", "go": "go", "rust": "rust"}
-# SandboxFusion /run_code fields credo reads or accepts, and their types (other fields are ignored)
+# the rest of SandboxFusion's languages (its RunCodeRequest.language): answered SandboxError, not 422
+_FUSION_OTHERS = ("go_test", "php", "csharp", "typescript", "sql", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala",
+                  "julia", "pytest", "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift",
+                  "racket", "python2", "gtest", "react")
+# SandboxFusion /run_code fields credo reads, and their types (other fields are ignored, as SandboxFusion does)
 _FUSION_TYPES = {"code": str, "language": str, "stdin": (str, type(None)), "files": dict, "fetch_files": list}
 _FUSION_LABELS = {"time_s": "run_timeout", "memory_mb": "memory_limit_MB"}
 _FUSION_DEFAULTS = {"time_s": 10.0, "memory_mb": 1024}
+FUSION_COMPILE_TIMEOUT_S = 10.0  # SandboxFusion's default compile_timeout
+FUSION_POD = "credo"  # executor_pod_name
 SHUTDOWN_GRACE_S = 5  # seconds running requests get after SIGTERM
 
 
@@ -80,14 +101,17 @@ def create_app(sandbox: Sandbox, *, max_queue: int = 256, caps: LimitCaps | None
         return {"results": [_judge_dict(r) for r in results]}
 
     @app.post("/run_code")
-    async def run_code(body: dict[str, Any]):
+    async def run_code(body: dict[str, Any]) -> dict[str, Any]:
         req = fusion_request(body, caps)
         if req is None:
-            return JSONResponse({"status": "SandboxError", "message": f"unsupported language {body.get('language')}",
-                                 "compile_result": None, "run_result": None, "executor_pod_name": "credo",
-                                 "files": {}})
+            return fusion_error(f"credo's sandbox does not run {body['language']} (it runs "
+                                f"{', '.join(sorted(_FUSION_LANGUAGES))})")
         admit()
         return fusion_response(await wait(sandbox.submit(req)))
+
+    @app.get("/v1/ping")
+    async def ping() -> str:
+        return "pong"  # SandboxFusion's liveness answer
 
     return app
 
@@ -104,27 +128,40 @@ def _batch(body: dict[str, Any], caps: LimitCaps) -> list:
 
 
 def fusion_request(body: dict[str, Any], caps: LimitCaps) -> RunRequest | None:
-    """The RunRequest of a SandboxFusion /run_code body (None: a language credo does not run).
+    """The RunRequest of a SandboxFusion /run_code body (None: one of SandboxFusion's languages credo does not run).
 
-    ``run_timeout`` and ``memory_limit_MB`` (<= 0: the default 1024 MB) map to the limits, under ``caps``."""
+    ``code`` and ``language`` are required; ``run_timeout`` (wall clock; also the CPU limit) and
+    ``memory_limit_MB`` (<= 0: the default 1024 MB) map to the limits under ``caps``; ``compile_timeout`` is the
+    compile step's limit; ``files`` / ``fetch_files`` are checked by :mod:`credo.sandbox.workfiles`. A bad
+    field raises :class:`FieldError` (422)."""
+    for name in ("code", "language"):
+        if name not in body:
+            raise FieldError(f"{name} is required")
     for name, kinds in _FUSION_TYPES.items():
         if name in body and not isinstance(body[name], kinds):
             raise FieldError(f"{name} must be {getattr(kinds, '__name__', 'str or null')}, "
                              f"got {type_name(body[name])}")
-    if "compile_timeout" in body:  # accepted for compatibility; credo's compile limits are its own
-        check_number(body["compile_timeout"], "compile_timeout", strict=True)
-    language = _FUSION_LANGUAGES.get(body.get("language", "python").lower())
+    compile_timeout = body.get("compile_timeout", FUSION_COMPILE_TIMEOUT_S)
+    check_number(compile_timeout, "compile_timeout", strict=True)
+    if compile_timeout > MAX_COMPILE_TIMEOUT_S:
+        raise FieldError(f"compile_timeout={compile_timeout!r} exceeds the server maximum {MAX_COMPILE_TIMEOUT_S:g}")
+    language = _FUSION_LANGUAGES.get(body["language"])
     if language is None:
-        return None
+        if body["language"] in _FUSION_OTHERS:
+            return None
+        raise FieldError(f"language must be one of SandboxFusion's languages, got {body['language']!r:.40}")
     given: dict[str, Any] = {}
     if "run_timeout" in body:
         given["time_s"] = body["run_timeout"]
     memory = body.get("memory_limit_MB", -1)
-    check_number(memory, "memory_limit_MB", minimum=-1)
+    check_number(memory, "memory_limit_MB", minimum=-MAX_INT)
     if memory > 0:
         given["memory_mb"] = max(1, int(memory))
     limits = parse_limits(given, caps, labels=_FUSION_LABELS, defaults=_FUSION_DEFAULTS)
-    return RunRequest(source=body.get("code", ""), language=language, stdin=body.get("stdin") or "", limits=limits)
+    limits = replace(limits, wall_time_s=limits.time_s)  # run_timeout is wall clock, as in SandboxFusion
+    return RunRequest(source=body["code"], language=language, stdin=body.get("stdin") or "", limits=limits,
+                      files=body.get("files", {}), fetch_files=body.get("fetch_files", []),
+                      compile_timeout_s=float(compile_timeout))
 
 
 def _judge_dict(result) -> dict[str, Any]:
@@ -133,21 +170,46 @@ def _judge_dict(result) -> dict[str, Any]:
     return out
 
 
-def fusion_response(result) -> dict[str, Any]:
-    """SandboxFusion's /run_code response for a credo RunResult."""
-    status_map = {OK: "Finished", TLE: "TimeLimitExceeded"}
-    run_part = {"status": status_map.get(result.verdict, "Error"), "execution_time": result.wall_time_s,
-                "return_code": result.exit_code if result.exit_code is not None else -1,
-                "stdout": result.stdout, "stderr": result.stderr}
-    if result.verdict == "SE":
-        return {"status": "SandboxError", "message": result.detail, "compile_result": None, "run_result": None,
-                "executor_pod_name": "credo", "files": {}}
-    if result.verdict == CE:
-        compile_part = {**run_part, "status": "Error"}
-        return {"status": "Failed", "message": result.detail, "compile_result": compile_part, "run_result": None,
-                "executor_pod_name": "credo", "files": {}}
-    return {"status": "Success" if result.verdict == OK else "Failed", "message": result.detail,
-            "compile_result": None, "run_result": run_part, "executor_pod_name": "credo", "files": {}}
+def fusion_error(message: str) -> dict[str, Any]:
+    """SandboxFusion's answer when the sandbox itself failed (its client raises on it)."""
+    return {"status": "SandboxError", "message": message, "compile_result": None, "run_result": None,
+            "executor_pod_name": FUSION_POD, "files": {}}
+
+
+def fusion_response(result: RunResult) -> dict[str, Any]:
+    """SandboxFusion's /run_code response for a credo RunResult.
+
+    SE is ``SandboxError``. Otherwise a compiled language has a ``compile_result`` (its step's result), and a
+    ``run_result`` unless compilation failed; ``status`` is ``Failed`` when a step timed out or returned
+    nonzero, else ``Success``; ``message`` carries credo's detail (which limit, which signal)."""
+    if result.verdict == SE:
+        return fusion_error(result.detail)
+    compile_part = fusion_step(result.compile) if result.compile is not None else None
+    run_part = None if result.verdict == CE and result.compile is not None else fusion_step(result)
+    parts = [p for p in (compile_part, run_part) if p is not None]
+    failed = any(p["status"] == "TimeLimitExceeded" or p["return_code"] != 0 for p in parts)
+    return {"status": "Failed" if failed else "Success", "message": result.detail, "compile_result": compile_part,
+            "run_result": run_part, "executor_pod_name": FUSION_POD, "files": dict(result.files)}
+
+
+def fusion_step(result: RunResult) -> dict[str, Any]:
+    """SandboxFusion's CommandRunResult of one step: ``TimeLimitExceeded`` (no return code) for TLE, else
+    ``Finished`` with the return code (MLE, OLE, RE and an interpreter's syntax error included)."""
+    timed_out = result.verdict == TLE
+    return {"status": "TimeLimitExceeded" if timed_out else "Finished", "execution_time": result.wall_time_s,
+            "cpu_time": result.cpu_time_s, "return_code": None if timed_out else fusion_return_code(result),
+            "stdout": result.stdout, "stderr": result.stderr}
+
+
+def fusion_return_code(result: RunResult) -> int:
+    """The step's return code as SandboxFusion's subprocess reports it: ``-N`` for death by signal N, else the
+    exit code; a step that failed with exit code 0 (stopped at a limit, or a compiler that made no program)
+    gets -9 (killed at a limit) or 1."""
+    if result.signal:
+        return -result.signal
+    if result.exit_code is not None and (result.exit_code != 0 or result.verdict == OK):
+        return result.exit_code
+    return -9 if result.verdict in (MLE, OLE, TLE) else 1
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

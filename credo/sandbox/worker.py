@@ -28,7 +28,7 @@ from credo.sandbox.checkers import (
     parse_return,
     returns_equal,
 )
-from credo.sandbox import executor
+from credo.sandbox import executor, workfiles
 from credo.sandbox.executor import Identity, RawRun, execute
 from credo.sandbox.isolation import reachable_bwrap, resolve_mode
 from credo.sandbox.languages import Language, detect_language, extract_code, get_language
@@ -81,13 +81,21 @@ class WorkerContext:
         job = self._new_job()
         try:
             lang, source = self._language(req.source, req.language)
-            prepared = self._prepare(job, lang, source)
+            inputs = workfiles.decode_inputs(req.files)
+            own = {lang.source_file, *lang.artifacts}.intersection(inputs)
+            if own:
+                raise ValueError(f"input file {sorted(own)[0]!r} is the program's own file")
+            compile_limits = COMPILE_LIMITS if req.compile_timeout_s is None else replace(
+                COMPILE_LIMITS, time_s=req.compile_timeout_s, wall_time_s=req.compile_timeout_s)
+            prepared = self._prepare(job, lang, source, inputs, compile_limits)
             if isinstance(prepared, RunResult):
-                return prepared
-            files = prepared
-            raw = self._exec(lang, lang.run, files, req.stdin.encode(), req.limits, job)
+                return replace(prepared, language=lang.name)
+            files, step = prepared
+            work_mb = max(64, req.limits.file_size_mb * 2) + (sum(map(len, inputs.values())) >> 20)
+            raw = self._exec(lang, lang.run, files, req.stdin.encode(), req.limits, job, inputs=inputs,
+                             fetch=tuple(req.fetch_files), work_mb=work_mb)
             result = syntax_as_compile_error(lang, to_run_result(raw, req.limits))
-            return replace(result, language=lang.name)
+            return replace(result, language=lang.name, files=workfiles.encode(raw.files), compile=step)
         except ValueError as exc:
             return RunResult(verdict=SE, detail=str(exc))
         finally:
@@ -104,7 +112,7 @@ class WorkerContext:
                 verdict = CE if prepared.verdict == CE else SE
                 return JudgeResult(verdict=verdict, total=len(req.tests), language=lang.name,
                                    compile_output=prepared.stderr, detail=prepared.detail)
-            return self._judge_tests(req, lang, prepared, job)
+            return self._judge_tests(req, lang, prepared[0], job)
         except (ValueError, NotImplementedError) as exc:
             return JudgeResult(verdict=SE, total=len(req.tests), detail=str(exc))
         finally:
@@ -170,7 +178,7 @@ class WorkerContext:
         prepared = self._prepare(cjob, lang, req.checker_source)
         if isinstance(prepared, RunResult):
             return None, f"checker did not compile: {prepared.stderr[:300]}"
-        files = dict(prepared)
+        files = dict(prepared[0])
         for name, text in (("input.txt", str(test.get("stdin", ""))), ("output.txt", output),
                            ("expected.txt", expected)):
             path = cjob / name
@@ -195,44 +203,55 @@ class WorkerContext:
         os.chmod(job, 0o755)
         return job
 
-    def _prepare(self, job: Path, lang: Language, source: str) -> dict[str, Path] | RunResult:
-        """Files to bind into /work: the source (interpreted) or the cached build artifacts; a RunResult
-        (CE or SE) when compilation fails."""
+    def _prepare(self, job: Path, lang: Language, source: str, inputs: dict[str, bytes] | None = None,
+                 compile_limits: Limits = COMPILE_LIMITS) -> tuple[dict[str, Path], RunResult | None] | RunResult:
+        """Files to bind into /work (the source, or the cached build artifacts) and the compile step (None
+        for interpreted languages); a RunResult (CE or SE) when compilation fails. ``inputs`` are in the
+        build directory while compiling. A missing toolchain raises ValueError (an SE, never the program's)."""
+        missing = missing_toolchain(lang)
+        if missing:
+            raise ValueError(missing)
         src = job / lang.source_file
         src.write_text(source)
         os.chmod(src, 0o644)
         if lang.compile is None:
-            return {lang.source_file: src}
-        return self._compiled(job, lang, source)
+            return {lang.source_file: src}, None
+        return self._compiled(job, lang, source, inputs or {}, compile_limits)
 
-    def _compiled(self, job: Path, lang: Language, source: str) -> dict[str, Path] | RunResult:
-        key = hashlib.sha256(json.dumps([lang.name, lang.compile, source]).encode()).hexdigest()
+    def _compiled(self, job: Path, lang: Language, source: str, inputs: dict[str, bytes],
+                  limits: Limits) -> tuple[dict[str, Path], RunResult] | RunResult:
+        digest = sorted((name, hashlib.sha256(data).hexdigest()) for name, data in inputs.items())
+        key = hashlib.sha256(json.dumps([lang.name, lang.compile, source, digest]).encode()).hexdigest()
         entry = self.cache / key
         if (entry / "result.json").is_file():
-            result = RunResult(**json.loads((entry / "result.json").read_text()))
+            step = RunResult(**json.loads((entry / "result.json").read_text()))
         else:
-            result = self._build(job, lang, source, entry)
-        if result.verdict != OK:
-            return result
-        return {name: entry / name for name in lang.artifacts}
+            step = self._build(job, lang, source, entry, inputs, limits)
+        if step.verdict == SE:
+            return replace(step, compile=step)
+        if step.verdict != OK:
+            return replace(step, verdict=CE, detail=f"compilation failed ({step.verdict}): {step.detail}",
+                           compile=step)
+        return {name: entry / name for name in lang.artifacts}, step
 
-    def _build(self, job: Path, lang: Language, source: str, entry: Path) -> RunResult:
-        """Compile inside the sandbox with COMPILE_LIMITS; cache artifacts and verdict (not SE) under ``entry``."""
+    def _build(self, job: Path, lang: Language, source: str, entry: Path, inputs: dict[str, bytes],
+               limits: Limits) -> RunResult:
+        """Compile inside the sandbox under ``limits``; the compile step's own result (OK, RE, TLE, MLE, OLE or
+        SE). Artifacts and result are cached under ``entry``, except SE and TLE (a longer limit may pass)."""
         build = job / "build"
         build.mkdir()
+        workfiles.write_host(build, inputs)
         (build / lang.source_file).write_text(source)
         if self.identity is not None:
             os.chown(build, self.identity.uid, self.identity.gid)
-        raw = execute(list(lang.compile), limits=COMPILE_LIMITS, stdin=b"", identity=self.identity,
+        raw = execute(list(lang.compile), limits=limits, stdin=b"", identity=self.identity,
                       cgroups=self.cgroups, workdir=build, isolated=self.isolated, env=lang.env,
                       extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes,
                       rootless=self.mode == "rootless", address_space_mb=lang.address_space_mb, bwrap=self.bwrap)
-        result = to_run_result(raw, COMPILE_LIMITS)
+        result = to_run_result(raw, limits)
         if result.verdict == OK and not all((build / a).is_file() for a in lang.artifacts):
-            result = replace(result, verdict=CE, detail="the compiler produced no program")
-        elif result.verdict not in (OK, SE):
-            result = replace(result, verdict=CE, detail=f"compilation failed ({result.verdict}): {result.detail}")
-        if result.verdict == SE:  # infrastructure failures are not cached
+            result = replace(result, verdict=RE, detail="the compiler produced no program")
+        if result.verdict in (SE, TLE):  # infrastructure failures and timeouts are not cached
             return result
         tmp = self.cache / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
@@ -257,14 +276,23 @@ class WorkerContext:
         for old in entries[: len(entries) - MAX_CACHE_ENTRIES]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _exec(self, lang: Language, argv, files: dict[str, Path], stdin: bytes, limits: Limits, job: Path) -> RawRun:
+    def _exec(self, lang: Language, argv, files: dict[str, Path], stdin: bytes, limits: Limits, job: Path, *,
+              inputs: dict[str, bytes] | None = None, fetch: tuple[str, ...] = (), work_mb: int = 0) -> RawRun:
         raw = execute(list(argv), limits=limits, stdin=stdin, identity=self.identity, cgroups=self.cgroups,
                       files=files, scratch=job / f"scratch-{uuid.uuid4().hex[:8]}", isolated=self.isolated,
-                      env=lang.env, work_mb=max(64, limits.file_size_mb * 2),
+                      env=lang.env, work_mb=work_mb or max(64, limits.file_size_mb * 2), inputs=inputs, fetch=fetch,
                       extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes,
                       rootless=self.mode == "rootless", address_space_mb=lang.address_space_mb, bwrap=self.bwrap)
         reap_orphans()
         return raw
+
+
+def missing_toolchain(lang: Language) -> str | None:
+    """Why ``lang`` cannot run here (a compiler or runtime binary missing from the host's /usr), else None."""
+    for command in (lang.compile, lang.run):
+        if command and command[0].startswith("/") and not os.access(command[0], os.X_OK):
+            return f"the {lang.name} toolchain is not installed in this sandbox ({command[0]} is missing)"
+    return None
 
 
 def _optional_cgroups() -> CgroupManager | None:
@@ -287,6 +315,8 @@ def to_run_result(raw: RawRun, limits: Limits) -> RunResult:
         return RunResult(verdict=SE, detail=raw.setup_error, **common)
     if raw.oom_killed or (raw.exit_code not in (0, None) or raw.signal) and any(m in err for m in _MEMORY_ERRORS):
         return RunResult(verdict=MLE, detail=f"memory limit {limits.memory_mb} MB", **common)
+    if raw.wall_exceeded and limits.wall_time_s > 0:
+        return RunResult(verdict=TLE, detail=f"wall-clock limit {limits.wall_time_s:g} s", **common)
     if raw.cpu_exceeded or raw.signal == signal.SIGXCPU:
         return RunResult(verdict=TLE, detail=f"CPU time limit {limits.time_s:g} s", **common)
     if raw.wall_exceeded:

@@ -24,6 +24,10 @@ that ran once before the RL loop, is not repeated on resume, and counts its own 
 40 was logged before RL step 20, not after it).  That is also why every file has its own
 TensorBoard directory: a purge in one run directory hides all of its tags.
 
+Experiment trackers (W&B, MLflow, trackio; :mod:`credo.tracking.trackers`) passed as ``trackers=`` get
+every ``log()`` row with the TensorBoard tags and the file's step axis (``step``, ``warm_start/step``), and
+are finished by :meth:`MetricsLogger.close`.
+
 This module imports neither torch nor tensorboard at import time; the SummaryWriter is imported
 lazily when the logger is created.  A logger is meant to be used from one process and thread.
 """
@@ -39,7 +43,10 @@ import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from credo.tracking.trackers import TrackerSet
 
 __all__ = ["MetricsLogger", "read_metrics", "DEFAULT_FILE", "KEEP_ON_RESUME"]
 
@@ -196,6 +203,8 @@ class MetricsLogger:
             are removed from every step-indexed ``*.jsonl`` in ``run_dir`` (atomic rewrite), and
             TensorBoard gets ``purge_step=resume_step + 1``.
         keep_on_resume: file names exempt from that truncation and purge (see module docstring).
+        trackers: experiment trackers (:func:`credo.tracking.trackers.open_trackers`) that also get every
+            ``log()`` row; closed with the logger.
 
     Usage::
 
@@ -211,6 +220,7 @@ class MetricsLogger:
         tensorboard: bool = True,
         resume_step: int | None = None,
         keep_on_resume: Iterable[str] = KEEP_ON_RESUME,
+        trackers: TrackerSet | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -219,6 +229,7 @@ class MetricsLogger:
         self._files: dict[str, IO[str]] = {}
         self._writers: dict[str, Any] = {}  # file name -> SummaryWriter, created on first use
         self._closed = False
+        self._trackers = trackers
         if resume_step is not None:
             for path in sorted(self.run_dir.glob("*.jsonl")):
                 if path.name not in self._keep_on_resume:
@@ -267,6 +278,9 @@ class MetricsLogger:
         row = {"step": step, **{key: _json_safe(value) for key, value in values.items()}}
         self._write_line(file, json.dumps(row, allow_nan=False))
         self._write_scalars(step, values, file)
+        if self._trackers:
+            prefix = "" if file == DEFAULT_FILE else f"{Path(file).stem}/"
+            self._trackers.log({prefix + key: value for key, value in values.items()}, step, prefix + "step")
 
     def log_record(self, step: int, record: Mapping[str, Any], *, file: str) -> None:
         """Write one row ``{"step": step, **record}`` of any JSON values to ``run_dir/file`` (no TensorBoard);
@@ -298,7 +312,7 @@ class MetricsLogger:
         writer.flush()
 
     def close(self) -> None:
-        """Close the JSONL files and the TensorBoard writers (idempotent)."""
+        """Close the JSONL files, the TensorBoard writers and the tracker runs (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -308,6 +322,8 @@ class MetricsLogger:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+        if self._trackers is not None:
+            self._trackers.close()
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -19,12 +19,11 @@ from credo.config import RunConfig
 from credo.data.source import load_task_data
 from credo.models import load_or_build
 from credo.methods.birm.model import BiRewardModel, LogRatioBiRM
-from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
+from credo.recipes.common import metrics_logger, prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.rewards import RewardRunner
 from credo.rollout import HFRolloutEngine
 from credo.methods.birm.train import label_steps, train_birm
 from credo.methods.birm.search import beam_search, best_of_n
-from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.types import SamplingParams
 
@@ -43,7 +42,7 @@ def birm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool =
     policy, tokenizer, fresh = load_or_build(cfg.model, seed=cfg.seed)
     summary: dict[str, float] = {}
     sampling = SamplingParams.of(cfg.rollout)
-    with MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger, \
+    with metrics_logger(cfg, run_dir) as logger, \
             RewardRunner(cfg.reward.name or data.default_reward, fn_kwargs=cfg.reward.kwargs,
                          timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers,
                          executor=cfg.reward.executor) as runner:

@@ -22,7 +22,7 @@ from credo.methods.reward_models.pairs import PreferencePair, generate_pairs, lo
 from credo.data.source import load_task_data
 from credo.models import ValueModel, load_or_build
 from credo.models.implicit import ImplicitRewardModel
-from credo.recipes.common import prepare_run_dir, seed_everything, warm_start, warm_start_enabled
+from credo.recipes.common import metrics_logger, prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.methods.reward_models.train import pairwise_accuracy, train_bt, train_crm
@@ -51,7 +51,7 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = F
     log.info("reward model (%s): %d training pairs (%d flipped), %d held out", r.method, len(train),
              sum(p.flipped for p in train), len(held_out))
     summary: dict[str, float] = {}
-    with MetricsLogger(run_dir, tensorboard=cfg.log.tensorboard) as logger, \
+    with metrics_logger(cfg, run_dir) as logger, \
             StepProgress(f"reward model ({r.method})", r.steps, enabled=cfg.log.progress,
                          print_every=cfg.log.print_every) as bar:
         def evaluate() -> dict[str, float]:  # a tie (equal scores) counts as wrong
