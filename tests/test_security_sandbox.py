@@ -358,3 +358,93 @@ def _safe_request(port: int, body: dict, token: str) -> None:
         _request(port, "/run", body, token=token, timeout=60)
     except (OSError, ValueError):
         pass  # the server shut down under it (connection closed, or a plain-text 500 for the cancelled request)
+
+
+# ------------------------------------------------------------------ issue 20 item 3: unsafe mode's files, compile caps
+def test_cli_passes_the_compile_time_maximum(monkeypatch):
+    from credo.cli import main as cli
+    from credo.sandbox import server
+    from credo.sandbox.limits import LimitCaps
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda **kwargs: seen.update(kwargs))
+    args = cli.build_parser().parse_args(["sandbox", "serve", "--max-compile-time-s", "7.5"])
+    assert args.func(args) == 0
+    assert seen["caps"] == LimitCaps(compile_time_s=7.5)
+
+
+def _run_identity():
+    """The uid-dropped identity unsafe mode uses as root (None when not root: the run keeps our uid)."""
+    from credo.sandbox.executor import Identity
+
+    return Identity(64999, 64999) if os.geteuid() == 0 else None
+
+
+def test_unsafe_scratch_is_private_while_written_then_the_runs(tmpdir_755):
+    from credo.sandbox.executor import _unsafe_dir
+
+    src = tmpdir_755 / "main.py"
+    src.write_text("print(1)")
+    identity = _run_identity()
+    scratch = _unsafe_dir(tmpdir_755 / "scratch", {"main.py": src}, {"d/in.txt": b"hi"}, identity)
+    uid = identity.uid if identity else os.geteuid()
+    mode = scratch.stat().st_mode & 0o7777
+    assert mode == 0o700 and scratch.stat().st_uid == uid  # never 0777: no other user can plant a symlink
+    for path in (scratch / "main.py", scratch / "d", scratch / "d" / "in.txt"):
+        assert path.lstat().st_uid == uid and not path.lstat().st_mode & 0o022, path  # nobody else may write
+    assert (scratch / "d" / "in.txt").read_bytes() == b"hi"
+
+
+def test_write_host_never_writes_through_a_symlink_nor_outside(tmpdir_755):
+    from credo.sandbox import workfiles
+
+    outside = tmpdir_755 / "outside"
+    outside.mkdir()
+    work = tmpdir_755 / "work"
+    work.mkdir()
+    (work / "sub").symlink_to(outside)
+    (work / "f").symlink_to(outside / "planted")
+    for name in ("sub/x", "f", "../escape.txt", "a/../../escape2.txt"):
+        with pytest.raises(ValueError):
+            workfiles.write_host(work, {name: b"1"})
+    assert list(outside.iterdir()) == [] and not (tmpdir_755 / "escape.txt").exists()
+    assert not (tmpdir_755 / "escape2.txt").exists()
+    workfiles.write_host(work, {"a/b/c.txt": b"ok"})
+    assert (work / "a" / "b" / "c.txt").stat().st_mode & 0o777 == 0o644  # not 0666
+    assert (work / "a").stat().st_mode & 0o777 in (0o755, 0o700)  # not 0777 (umask may lower it)
+
+
+def test_read_host_never_follows_a_symlink_nor_reads_anothers_hard_link(tmpdir_755):
+    from credo.sandbox import workfiles
+
+    secret = tmpdir_755 / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("s3cret")
+    work = tmpdir_755 / "work"
+    (work / "real").mkdir(parents=True)
+    (work / "real" / "f").write_text("mine")
+    (work / "alias").symlink_to(secret)  # a symlinked parent directory, pointing out of the work dir
+    (work / "link").symlink_to(secret / "key")
+    os.mkfifo(work / "fifo")
+    got = workfiles.read_host(work, ("real/f", "alias/key", "link", "fifo", "real", "missing"))
+    assert got == {"real/f": b"mine"}
+    assert workfiles.read_host(work, ("real/f",), cap=3) == {}  # over the cap: nothing
+    if os.geteuid() == 0:  # as root: a hard link to a file the run does not own is left out
+        os.link(secret / "key", work / "hard")
+        os.chown(work / "real" / "f", 64999, 64999)
+        got = workfiles.read_host(work, ("hard", "real/f"), owner=64999)
+        assert got == {"real/f": b"mine"}
+
+
+def test_unsafe_run_with_input_and_fetched_files(tmpdir_755):
+    from credo.sandbox.executor import execute
+    from credo.sandbox.limits import Limits
+
+    os.mkfifo(tmpdir_755 / "unused")
+    code = ("import os\nopen('d/in.txt', 'a').write('+run')\nopen('out.txt', 'w').write('made')\n"
+            f"os.symlink({str(tmpdir_755)!r}, 'up')\nos.symlink('/etc/hostname', 'host')\n")
+    raw = execute(["/usr/bin/python3", "-c", code], limits=Limits(), stdin=b"", identity=_run_identity(),
+                  cgroups=None, scratch=tmpdir_755 / "s", isolated=False, inputs={"d/in.txt": b"in"},
+                  fetch=("d/in.txt", "out.txt", "up/unused", "host"))
+    assert raw.exit_code == 0, raw.stderr
+    assert raw.files == {"d/in.txt": b"in+run", "out.txt": b"made"}

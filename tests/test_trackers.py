@@ -1,6 +1,7 @@
 """Experiment trackers (credo.tracking.trackers): W&B offline, MLflow's local store and trackio's local store
 receive the metrics and the config, resume continues the same tracker runs, a missing package is a clear error,
-a failing tracker does not stop the run; one tiny `credo train` through the CLI with all three."""
+a failing tracker does not stop the run, a run that raises ends them as failed, nothing is sent over a network;
+one tiny `credo train` through the CLI with all three."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ import pytest
 
 from credo.config import ConfigError, LogConfig, load_config
 from credo.tracking.metrics import MetricsLogger, read_metrics
-from credo.tracking.trackers import STATE_FILE, TrackerSet, check_trackers, flatten, open_trackers
+from credo.tracking.trackers import (STATE_FILE, TrackerSet, check_trackers, flatten, mlflow_metric_name,
+                                     open_trackers)
 from tests.conftest import TINY_RUN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,7 +35,11 @@ def trackio_dir(tmp_path_factory) -> Path:
 def _offline(monkeypatch, trackio_dir):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")  # what an offline run sets (kept out of os.environ here)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # what check_trackers sets (a fresh process: below)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):  # a developer's shell would send test runs there
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TRACKIO_DIR", str(trackio_dir))  # restored after each test (open_trackers sets it)
 
 
@@ -96,7 +102,7 @@ def _wandb_run(run_dir: Path, index: int = -1) -> dict:
 
 
 def _wandb_parse(records: list) -> dict:
-    history, config, run_id, finished = [], {}, None, False
+    history, config, run_id, finished, exit_code = [], {}, None, False, None
     for r in records:
         kind = r.WhichOneof("record_type")
         if kind == "history":
@@ -107,8 +113,8 @@ def _wandb_parse(records: list) -> dict:
             config.update({u.key: json.loads(u.value_json) for u in updates})
             run_id = r.run.run_id if kind == "run" else run_id
         elif kind == "exit":
-            finished = True
-    return {"history": history, "config": config, "id": run_id, "finished": finished}
+            finished, exit_code = True, r.exit.exit_code
+    return {"history": history, "config": config, "id": run_id, "finished": finished, "exit_code": exit_code}
 
 
 # -------------------------------------------------------------------------------------------- trackers
@@ -118,7 +124,7 @@ def test_wandb_offline_run_gets_every_row_and_the_config(tmp_path):
     run_dir = tmp_path / "run-a"
     _write_rows(run_dir, _log_cfg("wandb", wandb__project="proj"), range(3))
     run = _wandb_run(run_dir)
-    assert run["finished"]
+    assert run["finished"] and run["exit_code"] == 0
     assert run["config"]["train"] == {"lr": 0.001, "betas": [0.9, 0.99]}
     rows = [{k: v for k, v in row.items() if not k.startswith("_")} for row in run["history"]]
     assert rows[0] == {"warm_start/step": 5, "warm_start/sft/loss": 2.5}
@@ -126,14 +132,22 @@ def test_wandb_offline_run_gets_every_row_and_the_config(tmp_path):
     assert [r["reward/mean"] for r in rows[1:]] == [0.0, 0.1, 0.2]
     assert math.isnan(rows[2]["actor/kl"])  # non-finite values go to W&B as they are
     state = json.loads((run_dir / STATE_FILE).read_text())
-    assert state["wandb"]["id"] == run["id"] and state["wandb"]["mode"] == "offline"
+    assert state["wandb"] == {"id": run["id"]}  # what a resume reads, nothing more
 
 
-def test_mlflow_local_store_gets_metrics_by_step_params_and_config(tmp_path):
+def test_mlflow_local_store_gets_metrics_by_step_params_and_config(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    calls, log_batch = [], MlflowClient.log_batch
+
+    def spy(self, run_id, metrics=(), params=(), tags=(), synchronous=None):
+        calls.append((bool(metrics), synchronous))
+        return log_batch(self, run_id, metrics, params, tags, synchronous=synchronous)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", spy)
     run_dir = tmp_path / "run-b"
     _write_rows(run_dir, _log_cfg("mlflow"), range(3))
+    assert [sync for has_metrics, sync in calls if has_metrics] == [False] * 4  # rows logged in the background
     state = json.loads((run_dir / STATE_FILE).read_text())["mlflow"]
     assert state["tracking_uri"] == f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
     client = MlflowClient(tracking_uri=state["tracking_uri"])
@@ -150,11 +164,15 @@ def test_mlflow_local_store_gets_metrics_by_step_params_and_config(tmp_path):
     assert (run_dir / "mlartifacts").is_dir()  # the local store keeps its artifacts in the run directory
 
 
-def test_trackio_local_store_gets_metrics_and_config(tmp_path, trackio_dir):
+def test_trackio_local_store_gets_metrics_and_config(tmp_path, trackio_dir, monkeypatch):
+    import trackio
     from trackio.sqlite_storage import SQLiteStorage
 
+    init, kwargs = trackio.init, {}
+    monkeypatch.setattr(trackio, "init", lambda **kw: kwargs.update(kw) or init(**kw))
     run_dir = tmp_path / "run-c"
     _write_rows(run_dir, _log_cfg("trackio", trackio__project="p-local", trackio__dir=str(trackio_dir)), range(3))
+    assert kwargs["auto_log_gpu"] is False and kwargs["auto_log_cpu"] is False  # no system-metric threads
     assert (trackio_dir / "p-local.db").is_file()
     logs = SQLiteStorage.get_logs("p-local", "run-c")
     assert [(row["step"], row.get("reward/mean")) for row in logs] == [(5, None), (0, 0.0), (1, 0.1), (2, 0.2)]
@@ -174,6 +192,8 @@ def test_resume_continues_the_same_tracker_runs(tmp_path, trackio_dir):
     _write_rows(run_dir, log, range(2, 5), resume_step=1)  # the killed run had logged steps 2, 3 already
     again = json.loads((run_dir / STATE_FILE).read_text())
     assert again == first
+    assert {name: sorted(entry) for name, entry in first.items()} == \
+        {"wandb": ["id"], "mlflow": ["run_id", "tracking_uri"], "trackio": ["name"]}  # what a resume reads
     assert _wandb_run(run_dir, 0)["id"] == _wandb_run(run_dir, 1)["id"] == first["wandb"]["id"]
     assert [r["step"] for r in _wandb_run(run_dir, 1)["history"]] == [2, 3, 4]
     client = MlflowClient(tracking_uri=first["mlflow"]["tracking_uri"])
@@ -206,28 +226,50 @@ def test_missing_package_stops_the_cli_before_the_run_directory(tmp_path, monkey
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("trackers, message", [(["wandb", "neptune"], "unknown tracker 'neptune'"),
-                                               (["mlflow", "mlflow"], "mlflow is listed twice"),
-                                               ("wandb", "expected a list")])
-def test_bad_tracker_lists_are_refused(trackers, message):
-    with pytest.raises(ConfigError, match=message):
-        check_trackers(LogConfig(trackers=trackers))
+@pytest.mark.parametrize("trackers, message", [
+    ("[wandb, neptune]", "log.trackers: unknown tracker 'neptune'; trackers: wandb, mlflow, trackio"),
+    ("[mlfow]", "log.trackers: unknown tracker 'mlfow' (did you mean 'mlflow'?); trackers: wandb, mlflow, trackio"),
+    ("[1]", "log.trackers: unknown tracker 1; trackers: wandb, mlflow, trackio"),
+    ("[mlflow, mlflow]", "log.trackers: mlflow is listed twice"),
+    ("wandb", "log.trackers: expected list")])
+def test_bad_tracker_lists_are_refused_by_the_config_loader(trackers, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"log.trackers={trackers}"])
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_bad_tracker_lists_stop_the_rm_command_too(tmp_path, capsys):
+    from credo.cli.main import main
+
+    assert main(["rm", "train", "--run-dir", str(tmp_path / "rm"), "log.trackers=[neptune]"]) == 2
+    assert "unknown tracker 'neptune'" in capsys.readouterr().err and not (tmp_path / "rm").exists()
+
+
+def test_open_trackers_leaves_the_package_check_to_the_preflight(tmp_path, monkeypatch):
+    import credo.tracking.trackers as trackers_mod
+
+    def again(log):
+        raise AssertionError("check_trackers ran a second time")
+
+    monkeypatch.setattr(trackers_mod, "check_trackers", again)
+    opened = open_trackers(_log_cfg("mlflow"), tmp_path, config=CONFIG)
+    assert [t.name for t in opened.trackers] == ["mlflow"]
+    opened.close()
+    with pytest.raises(ConfigError, match="unknown tracker 'neptune'"):  # a LogConfig that skipped the loader
+        open_trackers(LogConfig(trackers=["neptune"]), tmp_path, config=CONFIG)
 
 
 class _Recorder:
     def __init__(self, name: str, fail_at: int | None = None):
-        self.name, self.fail_at, self.rows, self.closed = name, fail_at, [], False
+        self.name, self.fail_at, self.rows, self.closed, self.failed = name, fail_at, [], False, None
 
     def log(self, metrics, step, axis):
         if step == self.fail_at:
             raise OSError("disk full")
         self.rows.append((axis, step, dict(metrics)))
 
-    def log_config(self, config):
-        pass
-
-    def close(self):
-        self.closed = True
+    def close(self, failed=False):
+        self.closed, self.failed = True, failed
 
 
 def test_a_failing_tracker_warns_once_and_the_others_go_on(tmp_path):
@@ -239,7 +281,27 @@ def test_a_failing_tracker_warns_once_and_the_others_go_on(tmp_path):
     assert len([w for w in caught if "tracker" in str(w.message)]) == 1
     assert [step for _, step, _ in bad.rows] == [0] and bad.closed  # switched off after its failure, closed
     assert [step for _, step, _ in good.rows] == [0, 1, 2, 3] and good.closed
+    assert good.failed is False and bad.failed is False  # the run itself went on to its end
     assert [r["x"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_a_run_that_raises_ends_its_tracker_runs_as_failed(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    run_dir, recorder = tmp_path / "run-f", _Recorder("recorder")
+    trackers = open_trackers(_log_cfg("wandb", "mlflow"), run_dir, config=CONFIG)
+    trackers.trackers.append(recorder)
+    with pytest.raises(RuntimeError, match="diverged"):
+        with MetricsLogger(run_dir, tensorboard=False, trackers=trackers) as logger:
+            logger.log(0, {"x": 1.0})
+            raise RuntimeError("diverged")
+    assert recorder.closed and recorder.failed is True
+    state = json.loads((run_dir / STATE_FILE).read_text())
+    client = MlflowClient(tracking_uri=state["mlflow"]["tracking_uri"])
+    assert client.get_run(state["mlflow"]["run_id"]).info.status == "FAILED"
+    assert [m.value for m in client.get_metric_history(state["mlflow"]["run_id"], "x")] == [1.0]
+    run = _wandb_run(run_dir)
+    assert run["finished"] and run["exit_code"] == 1
 
 
 def test_a_tracker_that_cannot_start_is_left_out(tmp_path, monkeypatch):
@@ -248,7 +310,7 @@ def test_a_tracker_that_cannot_start_is_left_out(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise ConnectionError("no route to host")
 
-    monkeypatch.setattr(trackers_mod, "WandbTracker", refuse)
+    monkeypatch.setitem(trackers_mod._ADAPTERS, "wandb", refuse)
     with pytest.warns(RuntimeWarning, match="wandb tracker could not start"):
         opened = open_trackers(_log_cfg("wandb", "mlflow"), tmp_path, config=CONFIG)
     assert [t.name for t in opened.trackers] == ["mlflow"]
@@ -258,6 +320,66 @@ def test_a_tracker_that_cannot_start_is_left_out(tmp_path, monkeypatch):
 def test_flatten_dots_nested_keys():
     assert flatten({"a": {"b": 1, "c": {"d": [1]}}, "e": {}, "f": None}) == {"a.b": 1, "a.c.d": [1], "e": {},
                                                                                "f": None}
+
+
+def test_mlflow_metric_names_replace_what_mlflow_refuses():
+    assert mlflow_metric_name("eval/pass@4") == "eval/pass_4"
+    assert mlflow_metric_name("timing_s/gen (s)") == "timing_s/gen _s_" and mlflow_metric_name("a-b.c:d") == "a-b.c:d"
+
+
+# ------------------------------------------------------------------------------------------------ network
+
+_NO_NETWORK = r"""
+import json, socket, sys
+from pathlib import Path
+
+looked_up, real = [], socket.getaddrinfo
+
+
+def guard(host, *args, **kwargs):  # every name lookup of this process, refused unless it is this machine
+    if host not in ("localhost", "127.0.0.1", "::1"):
+        looked_up.append(host)
+        raise OSError(f"test: no network for {host}")
+    return real(host, *args, **kwargs)
+
+
+socket.getaddrinfo = guard
+from credo.config import LogConfig
+from credo.tracking.trackers import check_trackers, open_trackers
+
+log = LogConfig(trackers=["wandb", "mlflow", "trackio"])
+check_trackers(log)  # the preflight imports the packages first
+trackers = open_trackers(log, Path(sys.argv[1]), config={"a": 1})
+names = [t.name for t in trackers.trackers]
+for step in range(3):
+    trackers.log({"x": float(step)}, step)
+trackers.close()
+import os
+import mlflow.telemetry
+from wandb.env import error_reporting_enabled
+print(json.dumps({"opened": names, "looked_up": looked_up, "mlflow_telemetry": mlflow.telemetry.get_telemetry_client()
+                  is not None, "wandb_error_reports": error_reporting_enabled()}))
+"""
+# the variables that make MLflow skip its telemetry (a test or CI run) or set the switches themselves
+_TELEMETRY_VARS = ("PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "CIRCLECI", "GITLAB_CI", "JENKINS_URL", "TRAVIS",
+                   "TF_BUILD", "BITBUCKET_BUILD_NUMBER", "CODEBUILD_BUILD_ARN", "BUILDKITE", "TEAMCITY_VERSION",
+                   "CLOUD_RUN_EXECUTION", "RUNBOT_HOST_URL", "RUNBOT_BUILD_NAME", "RUNBOT_WORKER_ID", "DO_NOT_TRACK",
+                   "MLFLOW_DISABLE_TELEMETRY", "WANDB_ERROR_REPORTING", "WANDB_API_KEY", "WANDB_MODE")
+
+
+def test_the_default_trackers_send_nothing_over_a_network(tmp_path, trackio_dir):
+    """In a process that does not look like a test or CI run (MLflow sends telemetry only there), with no W&B key:
+    MLflow's telemetry and wandb-core's error reports are off, and no host name is looked up."""
+    env = {k: v for k, v in os.environ.items() if k not in _TELEMETRY_VARS}
+    env |= {"PYTHONPATH": str(REPO), "WANDB_SILENT": "true", "NETRC": str(tmp_path / "no-netrc"),
+            "TRACKIO_DIR": str(trackio_dir)}
+    proc = subprocess.run([sys.executable, "-c", _NO_NETWORK, str(tmp_path / "run")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"opened": ["wandb", "mlflow", "trackio"], "looked_up": [], "mlflow_telemetry": False,
+                      "wandb_error_reports": False}
+    assert (tmp_path / "run" / "wandb").is_dir() and list((tmp_path / "run" / "wandb").glob("offline-run-*"))
 
 
 # --------------------------------------------------------------------------------------------- the CLI
@@ -297,7 +419,7 @@ def test_cli_run_sends_metrics_jsonl_to_every_tracker(tmp_path, trackio_dir):
     client = MlflowClient(tracking_uri=state["mlflow"]["tracking_uri"])
     run_id = state["mlflow"]["run_id"]
     logged = {(key, m.step): m.value for key in {k for k, _ in expected}
-              for m in client.get_metric_history(run_id, key.replace("@", "_"))}
+              for m in client.get_metric_history(run_id, mlflow_metric_name(key))}
     _assert_same(logged, {k: v for k, v in expected.items() if v is not None})  # MLflow skips non-finite values
     assert client.get_run(run_id).info.status == "FINISHED" and ("eval/pass@2", 0) in expected
     assert client.get_run(run_id).data.params["train.steps"] == "2"

@@ -153,6 +153,8 @@ def add_service_commands(sub) -> None:
     q.add_argument("--max-memory-mb", type=int, default=4096, help="largest memory limit a request may ask for")
     q.add_argument("--max-output-mb", type=int, default=16, help="largest stdout/stderr cap a request may ask for")
     q.add_argument("--max-file-size-mb", type=int, default=256, help="largest file a request may let a program write")
+    q.add_argument("--max-compile-time-s", type=float, default=60.0,
+                   help="largest compile time limit a request may ask for (compile_timeout_s, compile_timeout)")
     q.set_defaults(func=cmd_sandbox_serve)
     q = sandbox_sub.add_parser("check", help="verify every isolation layer and list working languages")
     q.add_argument("--mode", choices=("root", "rootless"), default=None,
@@ -232,7 +234,7 @@ def cmd_sandbox_serve(args: argparse.Namespace) -> int:
 
     try:
         caps = LimitCaps(time_s=args.max_time_s, memory_mb=args.max_memory_mb, output_bytes=args.max_output_mb << 20,
-                         file_size_mb=args.max_file_size_mb)
+                         file_size_mb=args.max_file_size_mb, compile_time_s=args.max_compile_time_s)
     except FieldError as exc:
         raise ConfigError(f"sandbox serve: {exc}") from None
     serve(host=args.host, port=args.port, workers=args.workers, max_queue=args.max_queue, unsafe=args.unsafe,

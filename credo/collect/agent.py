@@ -24,7 +24,7 @@ from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, pl
 from credo.rollout.branching import branched_rollouts
 from credo.train.batch import collate
 from credo.collect.base import CollectorNeeds
-from credo.collect.config import AgentCollectorConfig, remote_name, with_remote
+from credo.collect.config import AgentCollectorConfig, remote_adapter, remote_name, with_remote
 from credo.collect.horizon import horizon
 from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
@@ -67,18 +67,6 @@ class AgentOptions:
 def env_examples(env: str, task_ids: list[int], split: str) -> list[Example]:
     return [Example(prompt=f"{env}:{tid}", answer="", uid=f"{env}/{split}/{tid}", meta={"env": env, "task_id": tid})
             for tid in task_ids]
-
-
-def remote_adapter(a: AgentCollectorConfig, env: str):
-    """The AgentGym adapter of ``agentgym:<name>`` ``env``, with ``remote``'s contract and task ranges when it is
-    the remote environment."""
-    from credo.envs.agentgym import get_adapter
-
-    if env != remote_name(a):
-        return get_adapter(env)
-    r = a.remote
-    ranges = {k: v for k, v in (("train_ids", r.train_ids), ("eval_ids", r.eval_ids)) if v is not None}
-    return get_adapter(env, {**r.contract, **ranges})
 
 
 def task_space(a: AgentCollectorConfig, env: str, split: str) -> tuple[int, int] | None:

@@ -85,3 +85,15 @@ def with_remote(a: AgentCollectorConfig) -> AgentCollectorConfig:
     envs = list(a.envs) if a.stages or name in a.envs else [*a.envs, name]
     urls = {**a.server_urls, name: a.remote.url} if a.remote.url else dict(a.server_urls)
     return dataclasses.replace(a, envs=envs, server_urls=urls)
+
+
+def remote_adapter(a: AgentCollectorConfig, env: str):
+    """The AgentGym adapter of ``agentgym:<name>`` ``env``, with ``remote``'s contract and task ranges when it is
+    the remote environment (ValueError / KeyError in one line for a bad one)."""
+    from credo.envs.agentgym import get_adapter
+
+    if env != remote_name(a):
+        return get_adapter(env)
+    r = a.remote
+    ranges = {k: v for k, v in (("train_ids", r.train_ids), ("eval_ids", r.eval_ids)) if v is not None}
+    return get_adapter(env, {**r.contract, **ranges})

@@ -19,7 +19,7 @@ import yaml
 
 from credo.config import legacy
 from credo.config.fields import resolve_class
-from credo.config.schema import RunConfig
+from credo.config.schema import TRACKERS, RunConfig
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # input paths a preset may give relative to its own folder (load_config); overrides stay relative to the cwd
@@ -364,7 +364,7 @@ def _check_value(key: str, value: Any, meta: Any) -> Any:
 # ----------------------------------------------------------------------------- cross-field checks
 
 def validate_common(cfg: Any) -> None:
-    """Checks of the sections every command's config has (model, task), before any model is built."""
+    """Checks of the sections every command's config has (model, task, log), before any model is built."""
     m = cfg.model
     if m.path is None and m.num_heads and m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size: {m.hidden_size} must be divisible by model.num_heads={m.num_heads}")
@@ -376,6 +376,19 @@ def validate_common(cfg: Any) -> None:
         raise ConfigError("task.train_file: required when task.name=file")
     if cfg.task.name != "file" and (cfg.task.train_file or cfg.task.eval_file):
         raise ConfigError(f"task.train_file: only used with task.name=file (task.name is {cfg.task.name!r})")
+    validate_trackers(cfg.log)
+
+
+def validate_trackers(log: Any) -> None:
+    """``log.trackers`` names known trackers (:data:`credo.config.schema.TRACKERS`), each once; whether their
+    packages are installed is the preflight's check (:func:`credo.tracking.trackers.check_trackers`)."""
+    for name in log.trackers:
+        if name not in TRACKERS:
+            close = difflib.get_close_matches(str(name), TRACKERS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"log.trackers: unknown tracker {name!r}{hint}; trackers: {', '.join(TRACKERS)}")
+        if log.trackers.count(name) > 1:
+            raise ConfigError(f"log.trackers: {name} is listed twice")
 
 
 def validate_semantics(cfg: RunConfig) -> None:
@@ -580,7 +593,7 @@ def _known_env(key: str, name: Any) -> str:
 def _check_remote(cfg: RunConfig) -> None:
     """``rollout.collector.remote`` (``agent.remote``): a known adapter, an http(s) URL, id ranges, contract fields;
     no warm start from demonstrations (an AgentGym server has no oracle credo can call)."""
-    from credo.envs.agentgym import get_adapter
+    from credo.collect.config import remote_adapter, remote_name
 
     r = cfg.rollout.collector.remote
     if r.env is None:
@@ -594,8 +607,8 @@ def _check_remote(cfg: RunConfig) -> None:
         value = getattr(r, key)
         if value is not None and not (isinstance(value, list) and len(value) == 2):
             raise ConfigError(f"agent.remote.{key}: expected [lo, hi), got {value!r}")
-    ranges = {k: getattr(r, k) for k in ("train_ids", "eval_ids") if getattr(r, k) is not None}
-    _wrap("agent.remote", lambda: get_adapter(r.env, {**r.contract, **ranges}))
+    a = cfg.rollout.collector
+    _wrap("agent.remote", lambda: remote_adapter(a, remote_name(a)))
     if cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
         raise ConfigError("warm_start.steps: an AgentGym environment has no oracle to imitate; set "
                           "warm_start.steps=0 (or start from a model trained elsewhere: model.path)")

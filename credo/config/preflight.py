@@ -9,7 +9,8 @@ written (``credo train`` / ``sft`` / ``rm train`` call :func:`preflight` before 
 - ``rollout.engine=vllm``: vLLM installed and able to run here (its CPU build or CUDA), unless it is a server
   given by URL; ``rollout.vllm.sleep`` only where vLLM has a sleep mode (CUDA);
 - input files (``task.*_file``, ``rm.*_file``, ``replay.pool``) exist and can be read;
-- ``log.trackers``: known tracker names whose packages are installed (``credo[wandb]`` ...);
+- ``log.trackers``: the packages of the trackers are installed (``credo[wandb]`` ...; the names are checked by
+  the loader);
 - the run directory (or the nearest folder above it that exists) accepts a new folder.
 
 A bad setting raises :class:`ConfigError` (one line naming the key; the CLI exits 2), a missing input file
@@ -43,7 +44,7 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run
             raise ConfigError("replay.pool: required to train with a replay section (a pool file from `credo rlep "
                               "collect`, or warm_start); replay: null switches replay off")
     check_input_files(cfg, rl=rl, extra=files)
-    from credo.tracking.trackers import check_trackers  # log.trackers: known names, packages installed
+    from credo.tracking.trackers import check_trackers  # log.trackers: the packages import (once per run)
 
     check_trackers(cfg.log)
     if run_dir is None:

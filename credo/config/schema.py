@@ -254,7 +254,7 @@ class EvalConfig:
     size: int | None = opt(None, "held-out examples to evaluate (null = all)", min=1)
     k: int = opt(4, "samples per prompt for avg@k / pass@k", min=1)
     temperature: float = opt(1.0, "sampling temperature for avg@k", min=0.0)
-    pass_k: list = opt(None, "credo eval: also report eval/pass@j for each j here (each <= k), the unbiased estimator "
+    pass_k: list = opt(None, "also report eval/pass@j for each j here (each <= k), the unbiased estimator "
                        "of Chen et al. 2021 over the k samples, e.g. [1, 5]", factory=list)
 
 
@@ -292,6 +292,9 @@ class TrackioConfig:
     name: str | None = opt(None, "trackio run name; null = the run directory's name")
     dir: str | None = opt(None, "trackio's local store (sets $TRACKIO_DIR before trackio is imported); null = "
                           "trackio's own ($TRACKIO_DIR or ~/.cache/huggingface/trackio)")
+
+
+TRACKERS = ("wandb", "mlflow", "trackio")  # the names log.trackers takes (credo.tracking.trackers)
 
 
 @dataclass

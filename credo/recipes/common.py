@@ -227,7 +227,7 @@ def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, s
                               samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
     return evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed * 7919 + step,
-                    samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
+                    samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl", pass_k=cfg.eval.pass_k)
 
 
 def write_summary(cfg: RunConfig, run_dir: Path, model, *, start_eval: dict, last_eval: dict, extra: dict) -> None:

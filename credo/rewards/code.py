@@ -57,12 +57,18 @@ def _judge_all(responses: list[str], examples: list[Example], *, max_tests: int 
             tests = random.Random(f"{seed}/{ex.meta.get('problem', ex.uid)}").sample(tests, max_tests)
         requests.append(JudgeRequest(source=response, tests=tests, language=ex.meta.get("language"), limits=limits,
                                      fn_name=ex.meta.get("fn_name"), checker=ex.meta.get("checker", "tokens")))
-    results = sandbox.judge_batch(requests)
+    return retry_sandbox_errors(sandbox.judge_batch, requests, retries)
+
+
+def retry_sandbox_errors(run_batch, requests: list, retries: int) -> list:
+    """``run_batch(requests)``'s results, each sandbox failure (verdict SE) submitted again up to ``retries``
+    times: an infrastructure failure is never scored as the program's."""
+    results = list(run_batch(requests))
     for _ in range(retries):
         redo = [i for i, r in enumerate(results) if r.verdict == "SE"]
         if not redo:
             break
-        for i, r in zip(redo, sandbox.judge_batch([requests[i] for i in redo])):
+        for i, r in zip(redo, run_batch([requests[i] for i in redo])):
             results[i] = r
     return results
 

@@ -28,7 +28,7 @@ import base64
 import re
 from typing import Any, Sequence
 
-from credo.rewards.code import shared_sandbox
+from credo.rewards.code import retry_sandbox_errors, shared_sandbox
 from credo.rewards.registry import register_reward
 from credo.types import Example, RewardResult
 
@@ -85,11 +85,6 @@ def humaneval(responses: list[str], examples: list[Example], *, time_s: float = 
     sandbox = shared_sandbox(workers, unsafe)
     requests = [RunRequest(source=program(r, ex, stops), language="python", limits=limits)
                 for r, ex in zip(responses, examples)]
-    results = [f.result() for f in [sandbox.submit(req) for req in requests]]
-    for _ in range(retries):
-        redo = [i for i, r in enumerate(results) if r.verdict == "SE"]
-        if not redo:
-            break
-        for i, r in zip(redo, [f.result() for f in [sandbox.submit(requests[i]) for i in redo]]):
-            results[i] = r
+    results = retry_sandbox_errors(lambda reqs: [f.result() for f in [sandbox.submit(r) for r in reqs]], requests,
+                                   retries)
     return [_result(r) for r in results]

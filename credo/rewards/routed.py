@@ -24,8 +24,8 @@ class RoutedRunner:
         self.failure_score = getattr(default, "failure_score", 0.0)
 
     def runner_for(self, example: Example) -> Any:
-        return self.routes.get(str(example.meta.get(DATA_SOURCE)), self.default) \
-            if DATA_SOURCE in example.meta else self.default
+        source = example.meta.get(DATA_SOURCE)
+        return self.default if source is None else self.routes.get(str(source), self.default)
 
     def score(self, responses: Sequence[str], examples: Sequence[Example]) -> list[RewardResult]:
         parts: dict[int, tuple[Any, list[int]]] = {}

@@ -63,8 +63,6 @@ class RawRun:
     setup_error: str = ""  # the sandbox could not start the program (infrastructure failure)
     notes: list[str] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)  # fetched files (``fetch`` of :func:`execute`)
-    fetch_tar: bytes = b""  # the tar stream they came in (isolated mode)
-    fetch_exceeded: bool = False  # the stream was over workfiles.MAX_FETCH_BYTES: no file is returned
 
 
 class _CappedReader(threading.Thread):
@@ -179,7 +177,7 @@ def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity
     sc_r = sc_w = None
     status = list(os.pipe())  # [read end, write end]; _supervise closes and clears the write end
     pipe = list(os.pipe()) if fetch and isolated else None  # tar stream of the fetched files, same protocol
-    input_fds: list[int] = []
+    input_fds: list[int] = []  # memfds: the input files' tar stream, the paths to fetch
     try:
         pre = Preexec.of(limits, identity, cg, address_space=memory + (address_space_mb << 20) if rootless else None,
                          processes=processes if rootless else None)
@@ -188,24 +186,25 @@ def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity
             os.write(sc_w, seccomp.build_filter())
             os.close(sc_w)
             sc_w = None
-            input_fds = [workfiles.input_fd(inputs)] if inputs else []
+            tar_fd = workfiles.input_fd(inputs) if inputs else None
+            input_fds += [tar_fd] if tar_fd is not None else []
+            names_fd = workfiles.list_fd(fetch) if pipe else None
+            input_fds += [names_fd] if names_fd is not None else []
             run_argv = list(argv)
             if inputs or pipe:
-                run_argv = workfiles.wrap_argv(run_argv, inputs_fd=input_fds[0] if inputs else None,
-                                               fetch_fd=pipe[1] if pipe else None, paths=fetch)
+                run_argv = workfiles.wrap_argv(run_argv, inputs_fd=tar_fd, fetch_fd=pipe[1] if pipe else None,
+                                               list_fd=names_fd)
             cmd = bwrap_command(run_argv, workdir=workdir, files=files, work_mb=work_mb, env=env, seccomp_fd=sc_r,
                                 status_fd=status[1], bwrap=bwrap)
             cwd = workdir or Path("/")
         else:
-            cwd = workdir or _unsafe_dir(scratch, files, inputs or {})
+            cwd = workdir or _unsafe_dir(scratch, files, inputs or {}, identity)
             cmd, env = list(argv), {**env, "HOME": str(cwd)}
         fds = tuple(fd for fd in (sc_r, status[1], *(pipe or ())[1:], *input_fds) if fd is not None)
         raw = _supervise(cmd, workdir=cwd, limits=limits, stdin=stdin, preexec=pre, memory=memory,
-                         env=env, isolated=isolated, pass_fds=fds, status=status, fetch=pipe)
+                         env=env, isolated=isolated, pass_fds=fds, status=status, fetch=pipe, paths=fetch)
         if fetch and not isolated:
-            raw.files = workfiles.read_host(cwd, fetch)
-        elif fetch:
-            raw.files = workfiles.read_tar(raw.fetch_tar, fetch, raw.fetch_exceeded)
+            raw.files = workfiles.read_host(cwd, fetch, owner=identity.uid if identity is not None else None)
         return raw
     finally:
         for fd in (sc_r, sc_w, *status, *(pipe or ()), *input_fds):
@@ -218,14 +217,23 @@ def execute(argv: list[str], *, limits: Limits, stdin: bytes, identity: Identity
             cg.remove()
 
 
-def _unsafe_dir(scratch: Path | None, files: dict[str, Path], inputs: dict[str, bytes]) -> Path:
+def _unsafe_dir(scratch: Path | None, files: dict[str, Path], inputs: dict[str, bytes],
+                identity: Identity | None) -> Path:
+    """Unsafe mode's fresh work dir: made 0700 (no other user can plant a symlink while the worker writes
+    into it), filled with ``files`` and ``inputs``, then handed, with all it holds, to ``identity`` (a
+    uid-dropped run writes its own files next to the program)."""
     if scratch is None:
         raise ValueError("unsafe execution of bound files needs a scratch directory")
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chmod(scratch, 0o777)  # a uid-dropped run may write its own files next to the program
+    scratch.mkdir(mode=0o700)
+    os.chmod(scratch, 0o700)
+    owner = (identity.uid, identity.gid) if identity is not None else None
     for name, src in files.items():
         shutil.copy2(src, scratch / name)
-    workfiles.write_host(scratch, inputs)
+        if owner is not None:
+            os.chown(scratch / name, *owner, follow_symlinks=False)
+    workfiles.write_host(scratch, inputs, owner)
+    if owner is not None:
+        os.chown(scratch, *owner)
     return scratch
 
 
@@ -288,7 +296,9 @@ def _reap(proc: subprocess.Popen, block: bool):
 
 
 def _supervise(cmd, *, workdir, limits, stdin, preexec: Preexec, memory: int, env, isolated, pass_fds,
-               status, fetch: list | None = None) -> RawRun:
+               status, fetch: list | None = None, paths: tuple[str, ...] = ()) -> RawRun:
+    """Start ``cmd``, watch it to the end (limits, kill-all) and measure it; with ``fetch`` (a pipe), the
+    files named in ``paths`` are read from the tar stream it carries."""
     raw = RawRun()
     kill_event = threading.Event()
     start = time.monotonic()
@@ -338,7 +348,7 @@ def _supervise(cmd, *, workdir, limits, stdin, preexec: Preexec, memory: int, en
         t.join(timeout=5)
     raw.stdout, raw.stderr = out.data, err.data
     for reader in readers:
-        raw.fetch_tar, raw.fetch_exceeded = reader.data, reader.exceeded
+        raw.files = workfiles.read_tar(reader.data, paths, reader.exceeded)
         reader.pipe.close()
     raw.output_exceeded = out.exceeded or err.exceeded
     raw.cpu_time_s = acct.cpu_seconds()

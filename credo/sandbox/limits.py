@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 # run verdicts
@@ -108,12 +108,20 @@ COMPILE_LIMITS = Limits(time_s=20.0, memory_mb=1024, output_bytes=64 << 10, proc
                         open_files=256, wall_factor=2.0)
 
 
+def compile_limits(timeout_s: float | None) -> Limits:
+    """A compile step's limits: :data:`COMPILE_LIMITS`, or with ``timeout_s`` its CPU and wall-clock limit."""
+    if timeout_s is None:
+        return COMPILE_LIMITS
+    return replace(COMPILE_LIMITS, time_s=timeout_s, wall_time_s=timeout_s)
+
+
 @dataclass(frozen=True)
 class LimitCaps:
     """Server-side maxima (``credo sandbox serve --max-*``): a request may lower any limit, never raise it.
 
     A limit a request leaves out takes its default lowered to the maximum; ``tests`` caps the tests of one
-    judge request."""
+    judge request; ``compile_time_s`` caps a compile step's time (``compile_timeout_s``, SandboxFusion's
+    ``compile_timeout``)."""
 
     time_s: float = 60.0
     memory_mb: int = 4096
@@ -123,11 +131,14 @@ class LimitCaps:
     open_files: int = 1024
     wall_factor: float = 10.0
     tests: int = 1000
+    compile_time_s: float = 60.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if f.name == "tests":
                 check_number(self.tests, "maximum tests", integer=True, minimum=1)
+            elif f.name == "compile_time_s":
+                check_number(self.compile_time_s, "maximum compile_time_s", strict=True)
             else:
                 check_limit(f.name, getattr(self, f.name), label=f"maximum {f.name}")
 

@@ -9,12 +9,19 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from credo.sandbox.checkers import CHECKERS
-from credo.sandbox.languages import get_language
-from credo.sandbox.limits import FieldError, LimitCaps, Limits, check_number, parse_limits, type_name
+from credo.sandbox.languages import LANGUAGES, get_language
+from credo.sandbox.limits import (
+    COMPILE_LIMITS,
+    FieldError,
+    LimitCaps,
+    Limits,
+    check_number,
+    parse_limits,
+    type_name,
+)
 from credo.sandbox.workfiles import check_fetch, check_inputs
 
 HEAD_BYTES = 1024  # stdout / stderr heads kept per judged test
-MAX_COMPILE_TIMEOUT_S = 120.0  # largest compile_timeout_s a request may ask for
 
 
 @dataclass
@@ -71,17 +78,16 @@ class RunRequest:
     files: dict = field(default_factory=dict)  # work-dir path -> base64 content, written before the run (null: skip)
     fetch_files: list = field(default_factory=list)  # work-dir paths read back after the run (RunResult.files)
     compile_timeout_s: float | None = None  # compile step's CPU and wall-clock limit (None: COMPILE_LIMITS)
+    # ``files`` decoded (normalised path -> bytes; null and skipped entries left out), set on construction
+    inputs: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_common(self)
         _check_type(self.stdin, "stdin", str)
-        check_inputs(self.files, _own_files(self.language))
+        self.inputs = check_inputs(self.files, own_files(self.language),
+                                   max_file_bytes=self.limits.file_size_mb << 20)
         check_fetch(self.fetch_files)
-        if self.compile_timeout_s is not None:
-            check_number(self.compile_timeout_s, "compile_timeout_s", strict=True)
-            if self.compile_timeout_s > MAX_COMPILE_TIMEOUT_S:
-                raise FieldError(f"compile_timeout_s={self.compile_timeout_s!r} exceeds the maximum "
-                                 f"{MAX_COMPILE_TIMEOUT_S:g}")
+        _check_compile_timeout(self.compile_timeout_s, "compile_timeout_s")
 
 
 @dataclass
@@ -96,10 +102,12 @@ class JudgeRequest:
     float_tol: float = 1e-6
     fn_name: str | None = None
     stop_on_first_failure: bool = False
+    compile_timeout_s: float | None = None  # compile step's CPU and wall-clock limit (None: COMPILE_LIMITS)
 
     def __post_init__(self) -> None:
         _check_common(self)
         _check_tests(self.tests)
+        _check_compile_timeout(self.compile_timeout_s, "compile_timeout_s")
         if not isinstance(self.checker, str) or self.checker not in CHECKERS:
             raise FieldError(f"checker must be one of {', '.join(CHECKERS)}, got {self.checker!r:.40}")
         _check_type(self.checker_source, "checker_source", (str, type(None)))
@@ -109,13 +117,35 @@ class JudgeRequest:
         _check_type(self.stop_on_first_failure, "stop_on_first_failure", bool)
 
 
-def _own_files(language: Any) -> tuple[str, ...]:
-    """The work-dir files a language's program occupies (input files may not replace them)."""
+def own_files(language: Any) -> tuple[str, ...]:
+    """The work-dir files a language's program occupies (input files may not replace them, nor lie under
+    them); every language's when ``language`` is None (it is detected later); none for an unknown name."""
+    if language is None:
+        return tuple(sorted({name for lang in LANGUAGES.values() for name in (lang.source_file, *lang.artifacts)}))
     try:
         lang = get_language(language) if isinstance(language, str) else None
     except ValueError:
         return ()
     return (lang.source_file, *lang.artifacts) if lang else ()
+
+
+def _check_compile_timeout(value: Any, label: str) -> None:
+    if value is not None:
+        check_number(value, label, strict=True)
+
+
+def capped_compile_timeout(value: Any, caps: LimitCaps | None, label: str = "compile_timeout_s") -> float | None:
+    """A request's compile time limit checked against ``caps.compile_time_s`` (the one place it is): above it,
+    :class:`FieldError`; None (not given) stays None (:data:`COMPILE_LIMITS`) unless the maximum is lower than
+    COMPILE_LIMITS' time, which it then becomes."""
+    if value is None:
+        if caps is not None and caps.compile_time_s < COMPILE_LIMITS.time_s:
+            return caps.compile_time_s
+        return None
+    check_number(value, label, strict=True)
+    if caps is not None and value > caps.compile_time_s:
+        raise FieldError(f"{label}={value!r} exceeds the server maximum {caps.compile_time_s:g}")
+    return float(value)
 
 
 def _check_type(value: Any, name: str, kinds: type | tuple[type, ...]) -> None:
@@ -147,12 +177,12 @@ def _fields_of(cls: type, data: Any, where: str) -> dict[str, Any]:
     """``data`` as keyword arguments of ``cls``: an object with every required field and no unknown one."""
     if not isinstance(data, dict):
         raise FieldError(f"{where.rstrip('.') or 'request'} must be an object, got {type_name(data)}")
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in fields(cls) if f.init}
     for name in data:
         if name not in known:
             raise FieldError(f"{where}{name} is not a field of a {cls.__name__} (known: {', '.join(sorted(known))})")
     for f in fields(cls):
-        if f.name not in data and f.default is MISSING and f.default_factory is MISSING:
+        if f.init and f.name not in data and f.default is MISSING and f.default_factory is MISSING:
             raise FieldError(f"{where}{f.name} is required")
     return dict(data)
 
@@ -161,6 +191,8 @@ def parse_run(data: Any, caps: LimitCaps | None = None, *, where: str = "") -> R
     """A :class:`RunRequest` from a plain dict; its limits are checked against ``caps`` when given."""
     kwargs = _fields_of(RunRequest, data, where)
     kwargs["limits"] = parse_limits(kwargs.get("limits"), caps, where=f"{where}limits")
+    kwargs["compile_timeout_s"] = capped_compile_timeout(kwargs.get("compile_timeout_s"), caps,
+                                                         f"{where}compile_timeout_s")
     return _build(RunRequest, kwargs, where)
 
 
@@ -168,6 +200,8 @@ def parse_judge(data: Any, caps: LimitCaps | None = None, *, where: str = "") ->
     """A :class:`JudgeRequest` from a plain dict; limits and the number of tests are checked against ``caps``."""
     kwargs = _fields_of(JudgeRequest, data, where)
     kwargs["limits"] = parse_limits(kwargs.get("limits"), caps, where=f"{where}limits")
+    kwargs["compile_timeout_s"] = capped_compile_timeout(kwargs.get("compile_timeout_s"), caps,
+                                                         f"{where}compile_timeout_s")
     req = _build(JudgeRequest, kwargs, where)
     if caps is not None and len(req.tests) > caps.tests:
         raise FieldError(f"{where}tests has {len(req.tests)} tests, more than the server maximum {caps.tests}")

@@ -1,7 +1,9 @@
 """HTTP service over a :class:`Sandbox` (``credo sandbox serve``; FastAPI + uvicorn, 127.0.0.1 by default).
 
-    POST /run          {"source", "language"?, "stdin"?, "limits"?}           -> RunResult
-    POST /judge        {"source", "tests", "language"?, "limits"?, "checker"?, "fn_name"?, ...} -> JudgeResult
+    POST /run          {"source", "language"?, "stdin"?, "limits"?, "files"?, "fetch_files"?,
+                        "compile_timeout_s"?}                                  -> RunResult
+    POST /judge        {"source", "tests", "language"?, "limits"?, "checker"?, "fn_name"?, "compile_timeout_s"?,
+                        ...}                                                   -> JudgeResult
     POST /judge_batch  {"requests": [judge request, ...]}                   -> {"results": [JudgeResult, ...]}
     POST /run_code     SandboxFusion's request and response, field by field (docs/sandbox.md), so verl configs
                        and SandboxFusion's own client (``sandbox_fusion.run_code``) can point at credo
@@ -10,9 +12,11 @@
 
 Every field is validated: a wrong type, an out-of-range value or an unknown field is answered 422 with a
 one-line ``detail`` naming the field. Limits are capped by the server's :class:`LimitCaps` (``--max-*``): a
-request may lower a limit, never raise it (above a maximum: 422). With a token (``--token`` or
-``$CREDO_SANDBOX_TOKEN``) every request needs ``Authorization: Bearer <token>`` (401 otherwise). When more than
-``max_queue`` jobs are waiting, requests are answered 429 (retry later) instead of queueing without bound.
+request may lower a limit, never raise it (above a maximum: 422; ``limits.wall_time_s`` at most the largest
+backstop; ``compile_timeout_s`` / ``compile_timeout`` at most ``--max-compile-time-s``). With a token
+(``--token`` or ``$CREDO_SANDBOX_TOKEN``) every request needs ``Authorization: Bearer <token>`` (401
+otherwise). When more than ``max_queue`` jobs are waiting, requests are answered 429 (retry later) instead of
+queueing without bound.
 SIGTERM shuts down cleanly: running requests get a few seconds, then the workers stop and the sandbox's
 temporary directory is removed.
 """
@@ -39,7 +43,7 @@ from credo.sandbox.limits import (
     type_name,
 )
 from credo.sandbox.pool import Sandbox
-from credo.sandbox.results import MAX_COMPILE_TIMEOUT_S, RunRequest, RunResult, parse_judge, parse_run
+from credo.sandbox.results import RunRequest, RunResult, capped_compile_timeout, parse_judge, parse_run
 
 # SandboxFusion's language names credo runs -> credo's (c and javascript are credo's own names, accepted too)
 _FUSION_LANGUAGES = {"python": "python", "cpp": "cpp", "c": "c", "nodejs": "javascript", "javascript": "javascript",
@@ -141,10 +145,9 @@ def fusion_request(body: dict[str, Any], caps: LimitCaps) -> RunRequest | None:
         if name in body and not isinstance(body[name], kinds):
             raise FieldError(f"{name} must be {getattr(kinds, '__name__', 'str or null')}, "
                              f"got {type_name(body[name])}")
-    compile_timeout = body.get("compile_timeout", FUSION_COMPILE_TIMEOUT_S)
-    check_number(compile_timeout, "compile_timeout", strict=True)
-    if compile_timeout > MAX_COMPILE_TIMEOUT_S:
-        raise FieldError(f"compile_timeout={compile_timeout!r} exceeds the server maximum {MAX_COMPILE_TIMEOUT_S:g}")
+    default_compile = min(FUSION_COMPILE_TIMEOUT_S, caps.compile_time_s)
+    compile_timeout = capped_compile_timeout(body.get("compile_timeout", default_compile), caps,
+                                             "compile_timeout")
     language = _FUSION_LANGUAGES.get(body["language"])
     if language is None:
         if body["language"] in _FUSION_OTHERS:
@@ -161,7 +164,7 @@ def fusion_request(body: dict[str, Any], caps: LimitCaps) -> RunRequest | None:
     limits = replace(limits, wall_time_s=limits.time_s)  # run_timeout is wall clock, as in SandboxFusion
     return RunRequest(source=body["code"], language=language, stdin=body.get("stdin") or "", limits=limits,
                       files=body.get("files", {}), fetch_files=body.get("fetch_files", []),
-                      compile_timeout_s=float(compile_timeout))
+                      compile_timeout_s=compile_timeout)
 
 
 def _judge_dict(result) -> dict[str, Any]:

@@ -32,7 +32,21 @@ from credo.sandbox import executor, workfiles
 from credo.sandbox.executor import Identity, RawRun, execute
 from credo.sandbox.isolation import reachable_bwrap, resolve_mode
 from credo.sandbox.languages import Language, detect_language, extract_code, get_language
-from credo.sandbox.limits import AC, CE, COMPILE_LIMITS, MLE, OK, OLE, RE, SE, SEVERITY, TLE, WA, Limits
+from credo.sandbox.limits import (
+    AC,
+    CE,
+    COMPILE_LIMITS,
+    MLE,
+    OK,
+    OLE,
+    RE,
+    SE,
+    SEVERITY,
+    TLE,
+    WA,
+    Limits,
+    compile_limits,
+)
 from credo.sandbox.results import HEAD_BYTES, JudgeRequest, JudgeResult, RunRequest, RunResult, TestResult
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -81,19 +95,12 @@ class WorkerContext:
         job = self._new_job()
         try:
             lang, source = self._language(req.source, req.language)
-            inputs = workfiles.decode_inputs(req.files)
-            own = {lang.source_file, *lang.artifacts}.intersection(inputs)
-            if own:
-                raise ValueError(f"input file {sorted(own)[0]!r} is the program's own file")
-            compile_limits = COMPILE_LIMITS if req.compile_timeout_s is None else replace(
-                COMPILE_LIMITS, time_s=req.compile_timeout_s, wall_time_s=req.compile_timeout_s)
-            prepared = self._prepare(job, lang, source, inputs, compile_limits)
+            prepared = self._prepare(job, lang, source, req.inputs, compile_limits(req.compile_timeout_s))
             if isinstance(prepared, RunResult):
                 return replace(prepared, language=lang.name)
             files, step = prepared
-            work_mb = max(64, req.limits.file_size_mb * 2) + (sum(map(len, inputs.values())) >> 20)
-            raw = self._exec(lang, lang.run, files, req.stdin.encode(), req.limits, job, inputs=inputs,
-                             fetch=tuple(req.fetch_files), work_mb=work_mb)
+            raw = self._exec(lang, lang.run, files, req.stdin.encode(), req.limits, job, inputs=req.inputs,
+                             fetch=tuple(req.fetch_files))
             result = syntax_as_compile_error(lang, to_run_result(raw, req.limits))
             return replace(result, language=lang.name, files=workfiles.encode(raw.files), compile=step)
         except ValueError as exc:
@@ -107,7 +114,7 @@ class WorkerContext:
             lang, source = self._language(req.source, req.language)
             if req.fn_name and lang.name != "python":
                 raise NotImplementedError(f"function-call mode supports python only, not {lang.name}")
-            prepared = self._prepare(job, lang, source)
+            prepared = self._prepare(job, lang, source, build_limits=compile_limits(req.compile_timeout_s))
             if isinstance(prepared, RunResult):
                 verdict = CE if prepared.verdict == CE else SE
                 return JudgeResult(verdict=verdict, total=len(req.tests), language=lang.name,
@@ -175,7 +182,7 @@ class WorkerContext:
         cjob = job / f"checker-{uuid.uuid4().hex[:8]}"
         cjob.mkdir()
         os.chmod(cjob, 0o755)
-        prepared = self._prepare(cjob, lang, req.checker_source)
+        prepared = self._prepare(cjob, lang, req.checker_source, build_limits=compile_limits(req.compile_timeout_s))
         if isinstance(prepared, RunResult):
             return None, f"checker did not compile: {prepared.stderr[:300]}"
         files = dict(prepared[0])
@@ -204,7 +211,7 @@ class WorkerContext:
         return job
 
     def _prepare(self, job: Path, lang: Language, source: str, inputs: dict[str, bytes] | None = None,
-                 compile_limits: Limits = COMPILE_LIMITS) -> tuple[dict[str, Path], RunResult | None] | RunResult:
+                 build_limits: Limits = COMPILE_LIMITS) -> tuple[dict[str, Path], RunResult | None] | RunResult:
         """Files to bind into /work (the source, or the cached build artifacts) and the compile step (None
         for interpreted languages); a RunResult (CE or SE) when compilation fails. ``inputs`` are in the
         build directory while compiling. A missing toolchain raises ValueError (an SE, never the program's)."""
@@ -216,15 +223,18 @@ class WorkerContext:
         os.chmod(src, 0o644)
         if lang.compile is None:
             return {lang.source_file: src}, None
-        return self._compiled(job, lang, source, inputs or {}, compile_limits)
+        return self._compiled(job, lang, source, inputs or {}, build_limits)
 
     def _compiled(self, job: Path, lang: Language, source: str, inputs: dict[str, bytes],
                   limits: Limits) -> tuple[dict[str, Path], RunResult] | RunResult:
+        """The cached build of ``source`` (with ``inputs``), built first when not cached, or when the cache
+        holds a compile timeout under a smaller limit than ``limits`` (one under a larger limit is final)."""
         digest = sorted((name, hashlib.sha256(data).hexdigest()) for name, data in inputs.items())
         key = hashlib.sha256(json.dumps([lang.name, lang.compile, source, digest]).encode()).hexdigest()
         entry = self.cache / key
-        if (entry / "result.json").is_file():
-            step = RunResult(**json.loads((entry / "result.json").read_text()))
+        cached = _cached_step(entry)
+        if cached is not None and (cached[0].verdict != TLE or limits.time_s <= cached[1]):
+            step = cached[0]
         else:
             step = self._build(job, lang, source, entry, inputs, limits)
         if step.verdict == SE:
@@ -237,13 +247,14 @@ class WorkerContext:
     def _build(self, job: Path, lang: Language, source: str, entry: Path, inputs: dict[str, bytes],
                limits: Limits) -> RunResult:
         """Compile inside the sandbox under ``limits``; the compile step's own result (OK, RE, TLE, MLE, OLE or
-        SE). Artifacts and result are cached under ``entry``, except SE and TLE (a longer limit may pass)."""
+        SE). Artifacts and result (with the time limit it ran under) are cached under ``entry``, except SE.
+        The build directory is the worker's until it is filled (input files 0644), then the run identity's."""
         build = job / "build"
-        build.mkdir()
-        workfiles.write_host(build, inputs)
-        (build / lang.source_file).write_text(source)
-        if self.identity is not None:
-            os.chown(build, self.identity.uid, self.identity.gid)
+        build.mkdir(mode=0o755)
+        owner = (self.identity.uid, self.identity.gid) if self.identity is not None else None
+        workfiles.write_host(build, {**inputs, lang.source_file: source.encode()}, owner)
+        if owner is not None:
+            os.chown(build, *owner)
         raw = execute(list(lang.compile), limits=limits, stdin=b"", identity=self.identity,
                       cgroups=self.cgroups, workdir=build, isolated=self.isolated, env=lang.env,
                       extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes,
@@ -251,7 +262,7 @@ class WorkerContext:
         result = to_run_result(raw, limits)
         if result.verdict == OK and not all((build / a).is_file() for a in lang.artifacts):
             result = replace(result, verdict=RE, detail="the compiler produced no program")
-        if result.verdict in (SE, TLE):  # infrastructure failures and timeouts are not cached
+        if result.verdict == SE:  # infrastructure failures are not cached
             return result
         tmp = self.cache / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
@@ -259,12 +270,9 @@ class WorkerContext:
             for name in lang.artifacts:
                 shutil.copy2(build / name, tmp / name)
                 os.chmod(tmp / name, 0o755)
-        (tmp / "result.json").write_text(json.dumps(result.__dict__))
+        (tmp / "result.json").write_text(json.dumps({"result": result.__dict__, "time_s": limits.time_s}))
         os.chmod(tmp, 0o755)
-        try:
-            tmp.rename(entry)
-        except OSError:  # another worker cached it first
-            shutil.rmtree(tmp, ignore_errors=True)
+        _replace_entry(tmp, entry)
         self._evict()
         return result
 
@@ -277,10 +285,12 @@ class WorkerContext:
             shutil.rmtree(old, ignore_errors=True)
 
     def _exec(self, lang: Language, argv, files: dict[str, Path], stdin: bytes, limits: Limits, job: Path, *,
-              inputs: dict[str, bytes] | None = None, fetch: tuple[str, ...] = (), work_mb: int = 0) -> RawRun:
+              inputs: dict[str, bytes] | None = None, fetch: tuple[str, ...] = ()) -> RawRun:
+        """Run ``argv`` once; ``/work`` holds twice the file-size limit (at least 64 MiB) plus the input files."""
+        work_mb = max(64, limits.file_size_mb * 2) + (sum(map(len, (inputs or {}).values())) >> 20)
         raw = execute(list(argv), limits=limits, stdin=stdin, identity=self.identity, cgroups=self.cgroups,
                       files=files, scratch=job / f"scratch-{uuid.uuid4().hex[:8]}", isolated=self.isolated,
-                      env=lang.env, work_mb=work_mb or max(64, limits.file_size_mb * 2), inputs=inputs, fetch=fetch,
+                      env=lang.env, work_mb=work_mb, inputs=inputs, fetch=fetch,
                       extra_memory_mb=lang.memory_overhead_mb, min_processes=lang.min_processes,
                       rootless=self.mode == "rootless", address_space_mb=lang.address_space_mb, bwrap=self.bwrap)
         reap_orphans()
@@ -293,6 +303,30 @@ def missing_toolchain(lang: Language) -> str | None:
         if command and command[0].startswith("/") and not os.access(command[0], os.X_OK):
             return f"the {lang.name} toolchain is not installed in this sandbox ({command[0]} is missing)"
     return None
+
+
+def _cached_step(entry: Path) -> tuple[RunResult, float] | None:
+    """A cache entry's compile result and the time limit it ran under, or None (not cached, unreadable)."""
+    try:
+        data = json.loads((entry / "result.json").read_text())
+        return RunResult(**data["result"]), float(data["time_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _replace_entry(tmp: Path, entry: Path) -> None:
+    """Move the filled ``tmp`` to ``entry``, replacing an older entry (a timeout under a smaller limit)."""
+    if entry.exists():
+        old = entry.with_name(f".old-{uuid.uuid4().hex}")
+        try:
+            entry.rename(old)
+        except OSError:
+            pass
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        tmp.rename(entry)
+    except OSError:  # another worker cached it first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _optional_cgroups() -> CgroupManager | None:

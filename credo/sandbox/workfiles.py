@@ -7,8 +7,9 @@ inside the sandbox, from a memfd (nothing touches the host disk; one descriptor 
 Files to fetch are read back inside the sandbox, after the program exits, by ``tar`` writing to a pipe (a
 symlink the program made is never followed outside the sandbox). Only regular files come back; a path that
 is missing, a directory or a symlink is left out (as SandboxFusion leaves out a missing file), and nothing
-comes back over :data:`MAX_FETCH_BYTES`. Unsafe mode writes and reads a host scratch directory instead,
-refusing anything that resolves outside it. Compile steps get the input files in their build directory.
+comes back over :data:`MAX_FETCH_BYTES`. Unsafe mode writes and reads a private host scratch directory
+instead, through descriptors that never follow a symlink. Compile steps get the input files in their build
+directory.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import binascii
 import io
 import os
 import posixpath
+import stat
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -50,13 +52,16 @@ def check_path(path: Any, label: str) -> str:
     return posixpath.join(*parts)
 
 
-def check_inputs(files: Any, reserved: tuple[str, ...] = (), label: str = "files") -> None:
-    """``files`` maps paths to base64 text (or null: skipped); paths, count, total size and names are checked."""
+def check_inputs(files: Any, reserved: tuple[str, ...] = (), label: str = "files", *,
+                 max_file_bytes: int | None = None) -> dict[str, bytes]:
+    """``files`` (paths -> base64 text, or null: skipped) decoded once: normalised path -> bytes. Paths, count,
+    total size, each file's size (at most ``max_file_bytes``: what the program may write) and names are
+    checked; a path may not be, or lie under, one of ``reserved`` (the program's own files)."""
     if not isinstance(files, dict):
         raise FieldError(f"{label} must be an object of path: base64 content, got {type_name(files)}")
     if len(files) > MAX_FILES:
         raise FieldError(f"{label} has {len(files)} files, more than {MAX_FILES}")
-    total, paths = 0, []
+    total, out = 0, {}
     for path, content in files.items():
         name = check_path(path, f"{label} path")
         if content is None or SKIP_MARK in name:
@@ -66,11 +71,15 @@ def check_inputs(files: Any, reserved: tuple[str, ...] = (), label: str = "files
         total += len(content) * 3 // 4
         if total > MAX_INPUT_BYTES:
             raise FieldError(f"{label} are larger than {MAX_INPUT_BYTES} bytes in all")
-        _decode(content, f"{label}[{path!r:.60}]")
-        if name in reserved:
-            raise FieldError(f"{label} path {name!r} is the program's own file")
-        paths.append(name)
-    _check_tree(paths, label)
+        if name.split("/")[0] in reserved:
+            raise FieldError(f"{label} path {name!r:.60} is, or lies under, the program's own file")
+        data = _decode(content, f"{label}[{path!r:.60}]")
+        if max_file_bytes is not None and len(data) > max_file_bytes:
+            raise FieldError(f"{label}[{path!r:.60}] is {len(data)} bytes, over the file-size limit of "
+                             f"{max_file_bytes} bytes (limits.file_size_mb)")
+        out[name] = data
+    _check_tree(list(out), label)
+    return out
 
 
 def check_fetch(paths: Any, label: str = "fetch_files") -> None:
@@ -102,20 +111,10 @@ def _decode(content: str, label: str) -> bytes:
         raise FieldError(f"{label} is not valid base64") from None
 
 
-def decode_inputs(files: dict[str, str | None]) -> dict[str, bytes]:
-    """Normalised path -> bytes of the files to write (checked by :func:`check_inputs`; null and skipped
-    entries left out)."""
-    out = {}
-    for path, content in files.items():
-        name = check_path(path, "files path")
-        if content is not None and SKIP_MARK not in name:
-            out[name] = _decode(content, f"files[{path!r:.60}]")
-    return out
-
-
 def input_fd(inputs: dict[str, bytes]) -> int:
-    """A memfd holding ``inputs`` as a tar stream (regular files, mode 0666; directories 0777), read from the
-    start; the caller passes it to the sandbox and closes it."""
+    """A memfd holding ``inputs`` as a tar stream (regular files, mode 0666; directories 0777: inside the
+    run's private tmpfs the program may modify them), read from the start; the caller passes it to the
+    sandbox and closes it."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         made: set[str] = set()
@@ -129,9 +128,19 @@ def input_fd(inputs: dict[str, bytes]) -> int:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o666
             tar.addfile(info, io.BytesIO(data))
-    fd = os.memfd_create("credo-inputs")
+    return _memfd("credo-inputs", buffer.getbuffer())
+
+
+def list_fd(paths: tuple[str, ...]) -> int:
+    """A memfd holding ``paths`` (normalised) NUL-terminated, for ``tar --null -T -``: no path is ever part
+    of a command line (64 long paths would not fit in one)."""
+    return _memfd("credo-fetch", b"".join(check_path(p, "fetch_files path").encode() + b"\0" for p in paths))
+
+
+def _memfd(name: str, data) -> int:
+    fd = os.memfd_create(name)
     try:
-        view = memoryview(buffer.getvalue())
+        view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
         os.lseek(fd, 0, os.SEEK_SET)
@@ -146,27 +155,25 @@ def _parents(name: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def wrap_argv(argv: list[str], *, inputs_fd: int | None, fetch_fd: int | None, paths: tuple[str, ...]) -> list[str]:
+def wrap_argv(argv: list[str], *, inputs_fd: int | None, fetch_fd: int | None, list_fd: int | None) -> list[str]:
     """``argv`` wrapped in bash inside the sandbox: ``tar`` first unpacks the input files from ``inputs_fd``
-    into ``/work``; the program then runs without either descriptor; then ``tar`` writes ``paths`` to
-    ``fetch_fd`` (:func:`read_tar` keeps regular files only) and the wrapper exits with the program's status
-    (a death by signal N is 128 + N, as bubblewrap reports it)."""
-    steps = []
+    into ``/work``; the program then runs without the wrapper's descriptors, with its own stderr (bash's
+    stderr is /dev/null, so a death by signal adds no "Segmentation fault" line); then ``tar`` writes the
+    NUL-separated paths read from ``list_fd`` to ``fetch_fd`` (hard links as whole files; :func:`read_tar`
+    keeps regular files only) and the wrapper exits with the program's status (a death by signal N is
+    128 + N, as bubblewrap reports it)."""
+    steps = ["exec {err}>&2 2>/dev/null"]
     if inputs_fd is not None:
-        steps.append(f"{TAR} -x -f - -C /work <&{inputs_fd} 2>/dev/null || "
-                     "{ echo 'credo: the input files do not fit in /work' >&2; exit 1; }")
+        steps.append(f"{TAR} -x -f - -C /work <&{inputs_fd} || "
+                     "{ echo 'credo: the input files do not fit in /work' >&$err; exit 1; }")
         steps.append(f"exec {inputs_fd}<&-")
     if fetch_fd is None:
-        steps.append('exec "$@"')
+        steps.append('exec "$@" 2>&$err {err}>&-')
     else:
-        listed = " ".join(_quote(p) for p in paths)
-        steps += [f'"$@" {fetch_fd}>&-', "rc=$?",
-                  f"{TAR} -c -f - -C /work --no-recursion -- {listed} >&{fetch_fd} 2>/dev/null", "exit $rc"]
+        steps += [f'"$@" 2>&$err {{err}}>&- {fetch_fd}>&- {list_fd}<&-', "rc=$?",
+                  f"{TAR} -c -f - -C /work --no-recursion --hard-dereference --null --verbatim-files-from -T - "
+                  f"<&{list_fd} >&{fetch_fd}", "exit $rc"]
     return ["/usr/bin/bash", "-c", "; ".join(steps), "credo-run", *argv]
-
-
-def _quote(path: str) -> str:
-    return "'" + path.replace("'", "'\\''") + "'"
 
 
 def read_tar(data: bytes, paths: tuple[str, ...], truncated: bool) -> dict[str, bytes]:
@@ -187,34 +194,107 @@ def read_tar(data: bytes, paths: tuple[str, ...], truncated: bool) -> dict[str, 
     return out
 
 
-def write_host(directory: Path, inputs: dict[str, bytes]) -> None:
-    """Write ``inputs`` under a fresh host ``directory`` (unsafe mode, compile steps), never following a symlink."""
-    root = directory.resolve()
-    for name, data in inputs.items():
-        target = directory / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.parent.resolve().is_relative_to(root) or target.is_symlink():
-            raise ValueError(f"input file {name!r} would be written outside the work dir")
-        target.write_bytes(data)
-        os.chmod(target, 0o666)
-        for parent in _parents(name):
-            os.chmod(directory / parent, 0o777)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def read_host(directory: Path, paths: tuple[str, ...], cap: int = MAX_FETCH_BYTES) -> dict[str, bytes]:
-    """Regular files named in ``paths`` under host ``directory`` that resolve inside it (unsafe mode)."""
-    root = directory.resolve()
+def write_host(directory: Path, inputs: dict[str, bytes], owner: tuple[int, int] | None = None) -> None:
+    """Write ``inputs`` under a fresh, private host ``directory`` (unsafe mode, compile steps) through
+    descriptors: every component is opened with ``O_NOFOLLOW`` and every file created with ``O_EXCL``, so a
+    symlink or an existing entry is never written through. Files are 0644 and directories 0755 (umask
+    permitting), owned by ``owner`` (uid, gid) when given. A path that cannot be written raises ValueError."""
+    root = os.open(directory, _DIR_FLAGS)
+    try:
+        for name, data in inputs.items():
+            parts = check_path(name, "files path").split("/")
+            try:
+                fd = _walk(root, parts[:-1], owner=owner, create=True)
+                try:
+                    out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                  0o644, dir_fd=fd)
+                finally:
+                    if fd != root:
+                        os.close(fd)
+                with os.fdopen(out, "wb") as handle:
+                    if owner is not None:
+                        os.fchown(handle.fileno(), *owner)
+                    handle.write(data)
+            except OSError as exc:
+                raise ValueError(f"input file {name!r:.60} could not be written: {exc.strerror}") from None
+    finally:
+        os.close(root)
+
+
+def _walk(root: int, parts: list[str], *, owner: tuple[int, int] | None = None, create: bool = False) -> int:
+    """A descriptor of the directory ``parts`` below ``root``, each component opened with ``O_NOFOLLOW`` (a
+    symlink raises OSError); missing ones are made (0755, ``owner``) when ``create``. The caller closes it
+    unless it is ``root``."""
+    fd = root
+    for part in parts:
+        made = False
+        if create:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                pass
+        try:
+            below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        finally:
+            if fd != root:
+                os.close(fd)
+        fd = below
+        if made and owner is not None:
+            os.fchown(fd, *owner)
+    return fd
+
+
+def read_host(directory: Path, paths: tuple[str, ...], cap: int = MAX_FETCH_BYTES, owner: int | None = None
+              ) -> dict[str, bytes]:
+    """Regular files named in ``paths`` under host ``directory`` (unsafe mode), read through descriptors
+    opened with ``O_NOFOLLOW`` at every component: a symlink, even a symlinked parent directory, is left out,
+    and so is a file not owned by uid ``owner`` when given (a hard link to someone else's file). Over ``cap``
+    bytes in all, nothing comes back."""
     out: dict[str, bytes] = {}
-    total = 0
-    for path in paths:
-        target = (directory / check_path(path, "fetch_files path")).resolve()
-        if not target.is_relative_to(root) or not target.is_file() or path in out:
-            continue
-        total += target.stat().st_size
-        if total > cap:
-            return {}
-        out[path] = target.read_bytes()
+    left = cap
+    root = os.open(directory, _DIR_FLAGS)
+    try:
+        for path in paths:
+            if path in out:
+                continue
+            data = _read_one(root, check_path(path, "fetch_files path").split("/"), owner, left)
+            if data is None:
+                continue
+            if len(data) > left:
+                return {}
+            left -= len(data)
+            out[path] = data
+    finally:
+        os.close(root)
     return out
+
+
+def _read_one(root: int, parts: list[str], owner: int | None, left: int) -> bytes | None:
+    """The regular file ``parts`` below ``root`` (at most ``left + 1`` bytes read), or None."""
+    try:
+        fd = _walk(root, parts[:-1])
+        try:
+            handle = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            if fd != root:
+                os.close(fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(handle)
+        if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner):
+            return None
+        chunks, size = [], 0
+        while size <= left and (chunk := os.read(handle, min(1 << 20, left + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(handle)
 
 
 def encode(files: dict[str, bytes]) -> dict[str, str]:

@@ -26,7 +26,7 @@ TensorBoard directory: a purge in one run directory hides all of its tags.
 
 Experiment trackers (W&B, MLflow, trackio; :mod:`credo.tracking.trackers`) passed as ``trackers=`` get
 every ``log()`` row with the TensorBoard tags and the file's step axis (``step``, ``warm_start/step``), and
-are finished by :meth:`MetricsLogger.close`.
+are finished by :meth:`MetricsLogger.close` (as failed when the ``with`` block ends with an exception).
 
 This module imports neither torch nor tensorboard at import time; the SummaryWriter is imported
 lazily when the logger is created.  A logger is meant to be used from one process and thread.
@@ -38,12 +38,13 @@ import logging
 import math
 import numbers
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
+
+from credo.tracking.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from credo.tracking.trackers import TrackerSet
@@ -139,21 +140,6 @@ def _repair_tail(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _atomic_write_lines(path: Path, lines: Iterable[str]) -> None:
-    """Write ``lines`` (each without newline) to ``path`` via a temp file and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _truncate_for_resume(path: Path, resume_step: int) -> None:
     """Keep rows with ``step <= resume_step`` (rows without a step are kept); no-op for step-less files."""
     rows = read_metrics(path)
@@ -162,7 +148,12 @@ def _truncate_for_resume(path: Path, resume_step: int) -> None:
     kept = [row for row in rows if not _after(row, resume_step)]
     if len(kept) < len(rows):
         _log.info("%s: dropping %d row(s) logged after step %d", path, len(rows) - len(kept), resume_step)
-        _atomic_write_lines(path, (json.dumps(row) for row in kept))
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+
+
+def _tag_prefix(file: str) -> str:
+    """The TensorBoard / tracker prefix of ``file``'s keys: none for metrics.jsonl, ``"<stem>/"`` otherwise."""
+    return "" if file == DEFAULT_FILE else f"{Path(file).stem}/"
 
 
 def _after(row: Mapping[str, Any], step: int) -> bool:
@@ -279,7 +270,7 @@ class MetricsLogger:
         self._write_line(file, json.dumps(row, allow_nan=False))
         self._write_scalars(step, values, file)
         if self._trackers:
-            prefix = "" if file == DEFAULT_FILE else f"{Path(file).stem}/"
+            prefix = _tag_prefix(file)
             self._trackers.log({prefix + key: value for key, value in values.items()}, step, prefix + "step")
 
     def log_record(self, step: int, record: Mapping[str, Any], *, file: str) -> None:
@@ -306,13 +297,14 @@ class MetricsLogger:
         writer = self._writer_for(file)
         if writer is None:
             return
-        prefix = "" if file == DEFAULT_FILE else f"{Path(file).stem}/"
+        prefix = _tag_prefix(file)
         for key, value in values.items():
             writer.add_scalar(prefix + key, value, global_step=step)
         writer.flush()
 
-    def close(self) -> None:
-        """Close the JSONL files, the TensorBoard writers and the tracker runs (idempotent)."""
+    def close(self, *, failed: bool = False) -> None:
+        """Close the JSONL files, the TensorBoard writers and the tracker runs (idempotent); ``failed``: the run
+        ended with an exception (MLflow marks its run FAILED, W&B finishes with exit code 1)."""
         if self._closed:
             return
         self._closed = True
@@ -323,7 +315,7 @@ class MetricsLogger:
             writer.close()
         self._writers.clear()
         if self._trackers is not None:
-            self._trackers.close()
+            self._trackers.close(failed=failed)
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -334,4 +326,4 @@ class MetricsLogger:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(failed=exc_type is not None)
