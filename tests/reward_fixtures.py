@@ -74,3 +74,11 @@ def flaky(response: str, example: Example, **_: object) -> float:
     if len(response) % 2:
         raise RuntimeError("verifier bug")
     return length_score(response, example)
+
+
+def verl_dict_score(response: str, example: Example, **_: object) -> dict:
+    """verl's ``compute_score`` convention: a dict with "score", "acc" and two named components (GDPO's)."""
+    length = min(len(response) / 10.0, 1.0)
+    fmt = 1.0 if response[:1].isdigit() else 0.0
+    return {"score": length + fmt, "acc": response.strip() == example.answer, "length_reward": length,
+            "format_reward": fmt}

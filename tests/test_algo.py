@@ -143,8 +143,10 @@ def test_aggregation_modes_hand_computed():
     assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(10 / 4)  # (1+2+3+4)/4 tokens
     assert agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(5.0)  # (6 + 4) / 2 seqs
     assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)  # (6/3 + 4/1) / 2
-    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10 / 3)  # / padded T = 3
-    assert agg_loss(loss, mask, "constant-norm", loss_scale_factor=5.0).item() == pytest.approx(2.0)  # 10 / 5
+    # verl 0.9.1 agg_loss: seq-mean-token-sum (sum_i token sums / #non-empty sequences), then / loss_scale_factor
+    # (default the padded length): (6 + 4) / 2 / 3 = 5/3, and with S = 5: (6 + 4) / 2 / 5 = 1.0
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(5 / 3)
+    assert agg_loss(loss, mask, "constant-norm", loss_scale_factor=5.0).item() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         agg_loss(loss, mask, "token-sum")
 
@@ -154,6 +156,8 @@ def test_empty_rows_and_empty_batch_do_not_divide_by_zero():
     mask = torch.tensor([[1, 1], [0, 0]])
     # the empty row is not a sequence: seq-mean-token-mean = (3/2) / 1
     assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(1.5)
+    # nor for seq-mean-token-sum-norm (verl's seq_mask excludes it): 3 / 1 sequence / T = 2 -> 1.5
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(1.5)
     assert agg_loss(loss, torch.zeros(2, 2), "token-mean").item() == 0.0
 
 

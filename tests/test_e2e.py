@@ -198,6 +198,9 @@ ALGORITHM_PRESETS = {
     "evpo": ["evpo/explained_variance", "evpo/use_critic", "critic/vf_loss"],
     "gspo": ["actor/pg_clipfrac"],
     "cispo": ["actor/pg_clipfrac"],
+    "dppo": ["actor/pg_clipfrac", "actor/pg_clipfrac_lower"],
+    "otb": ["otb/token_energy_mean", "timing_s/old_logprob"],
+    "gdpo": ["gdpo/score/frac_zero_std"],
 }
 
 

@@ -252,11 +252,12 @@ NEEDS_ENTROPY = {"aspo": {"kl_coef": 0.0}, "archer": {"low_entropy_kl_coef": 0.0
 
 
 # Losses whose forward value is the objective they differentiate: torch.autograd.gradcheck applies.
-TRUE_OBJECTIVE = ["archer", "clip_cov", "gmpo", "gpg", "kl_cov", "ppo", "sapo"]
+TRUE_OBJECTIVE = ["archer", "bypass_mode", "clip_cov", "dro", "gmpo", "gpg", "kl_cov", "ppo", "sapo"]
 # Losses whose gradient is defined through stop-gradients (preserved / flipped / detached weights):
 # the numerical derivative of the value is not the gradient by design, so the autograd gradient is
 # checked against an independent float64 implementation of the spec's weight table instead.
-SURROGATE = ["aepo", "aspo", "cegppo", "cispo", "gppo", "gspo"]
+# dppo_tv / dppo_kl: their weight tables are checked in tests/test_losses_verl_extra.py
+SURROGATE = ["aepo", "aspo", "cegppo", "cispo", "dppo_kl", "dppo_tv", "gppo", "gspo"]
 
 
 def test_every_registered_loss_is_covered_by_a_gradient_check():
@@ -382,7 +383,8 @@ def test_aepo_preserves_high_entropy_clipped_gradients_and_upweights_their_advan
 # the settings below select enough tokens for the coupling to show on this small case.
 _COV = {"clip_cov": {"clip_cov_lb": -10.0, "clip_cov_ratio": 0.2}, "kl_cov": {"kl_cov_ratio": 0.2}}
 INERT_CASES = [(n, _COV.get(n, {})) for n in sorted(set(list_policy_losses()) - {"test_scaled_pg"})] + [
-    ("aspo", {"kl_coef": 0.0}), ("archer", {"low_entropy_kl_coef": 0.0})]
+    ("aspo", {"kl_coef": 0.0}), ("archer", {"low_entropy_kl_coef": 0.0}),
+    ("bypass_mode", {"loss_type": "reinforce", "rollout_is": "token", "rollout_is_batch_normalize": True})]
 
 
 @pytest.mark.parametrize("name,hp", INERT_CASES)

@@ -161,7 +161,8 @@ def test_credo_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
 def test_estimators_declare_what_they_need():
     """needs (values) and groups come from the registrations; a replay pool makes a group of one sample larger."""
     assert {n for n, e in ADVANTAGE_ESTIMATORS.items() if e.groups} == {
-        "grpo", "dr_grpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline", "papo"}
+        "grpo", "dr_grpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline", "papo",
+        "gpg", "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo"}
     assert not ADVANTAGE_ESTIMATORS["reinforce_pp"].groups and not ADVANTAGE_ESTIMATORS["gae"].groups
     load_config(None, ["algo.advantage=reinforce_pp", "rollout.group_size=1"])  # no group baseline: fine
     load_config(None, ["algo.advantage=gae"])  # critic.enabled=null: the critic is switched on

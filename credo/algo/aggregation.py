@@ -5,8 +5,11 @@ Modes (``baselines.md`` §3; ``m`` = response mask, ``|y_i| = sum_t m_it``):
     token-mean               sum_it m L / N                          N = loss tokens in the mini-batch
     seq-mean-token-sum       sum_i [|y_i|>0] sum_t m L / B           B = non-empty sequences in the mini-batch
     seq-mean-token-mean      sum_i [|y_i|>0] (sum_t m L / |y_i|) / B
-    seq-mean-token-sum-norm  sum_it m L / S                          S = loss_scale_factor, else padded length T
-                             (alias "constant-norm"; Dr.GRPO's constant normaliser)
+    seq-mean-token-sum-norm  sum_it m L / (B S)                      S = loss_scale_factor, else padded length T
+                             (alias "constant-norm"; Dr.GRPO's 1/G and constant 1/MAX_TOKENS; verl 0.9.1)
+
+B counts the sequences with at least one loss token (verl 0.9.1's ``agg_loss`` when ``global_batch_size`` is not
+given; its trainer passes every row of the mini-batch, which differs only when a row has no loss token).
 
 Micro-batch invariance: pass an :class:`AggNorm` computed once over the whole mini-batch and
 the sum of the micro-batch losses equals the loss of the full mini-batch exactly (unlike the
@@ -69,7 +72,7 @@ def agg_loss(
     if mode == "seq-mean-token-mean":
         seq_len = mask.sum(-1).clamp(min=1.0)  # (B,); empty rows have a zero numerator
         return (masked.sum(-1) / seq_len).sum() / _nonzero(norm.num_seqs)
-    return masked.sum() / _nonzero(norm.scale_factor)
+    return masked.sum() / (_nonzero(norm.num_seqs) * _nonzero(norm.scale_factor))
 
 
 def micro_share(response_mask: torch.Tensor, mode: str, norm: AggNorm | None) -> float:
@@ -78,7 +81,7 @@ def micro_share(response_mask: torch.Tensor, mode: str, norm: AggNorm | None) ->
     if norm is None:
         return 1.0
     mask = response_mask.float()
-    if canonical_agg(mode) in ("token-mean", "seq-mean-token-sum-norm"):
+    if canonical_agg(mode) == "token-mean":
         return float(mask.sum()) / _nonzero(norm.num_tokens)
     return float((mask.sum(-1) > 0).sum()) / _nonzero(norm.num_seqs)
 

@@ -122,7 +122,8 @@ def chunked_token_stats(
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """No-grad log-probs plus per-position statistics of the full distribution, chunk by chunk:
-    ``entropy`` and ``entropy_direction`` (PAPO's S_k - C, see :func:`entropy_direction_from_logits`)."""
+    ``entropy``, ``entropy_direction`` (PAPO's S_k - C, see :func:`entropy_direction_from_logits`) and
+    ``sum_pi_squared`` (the Optimal Token Baseline's sum_v pi^2)."""
     chunk_size = auto_chunk_size(weight.shape[0]) if chunk_size is None else chunk_size
     check_token_stats(stats)
     lps, out = [], {name: [] for name in stats}

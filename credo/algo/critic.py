@@ -53,16 +53,19 @@ def clipped_mse(*, values, old_values, returns, response_mask, cliprange_value: 
 def dvpo_loss(*, values, response_mask, quantiles, return_quantiles, kappa: float = 1.0,
               risk_gamma: float = 1.0, risk_weighting: str = "per_quantile", alpha: float = 0.1, beta: float = 0.1,
               qr_coef: float = 1.0, cvar_coef: float = 1.0, upper_coef: float = 1.0, mean_shift_coef: float = 1.0,
-              tail_shape_coef: float = 1.0, curvature_coef: float = 1.0, consistency_coef: float = 1.0) -> TokenLoss:
+              tail_shape_coef: float = 1.0, curvature_coef: float = 1.0, consistency_coef: float = 1.0,
+              tail_curvature: str = "in_tail") -> TokenLoss:
     """DVPO Eq. 11: the sum of the weighted terms of :func:`credo.algo.dvpo.dvpo_critic_terms` per token
     (quantile-Huber with risk weights, lower-tail CVaR, upper-tail gain, mean shift, tail shape, tail curvature,
-    head consistency); a coefficient of 0 switches its term off."""
+    head consistency); a coefficient of 0 switches its term off. ``tail_curvature``: Eq. 9's second differences
+    inside each tail (``in_tail``) or over the whole quantile axis as the authors' port (``whole_axis``)."""
     from credo.algo.dvpo import dvpo_critic_terms
 
     weights = {"qr": qr_coef, "cvar": cvar_coef, "upper": upper_coef, "mean_shift": mean_shift_coef,
                "tail_shape": tail_shape_coef, "curvature": curvature_coef, "consistency": consistency_coef}
     terms = dvpo_critic_terms(quantiles, return_quantiles.detach(), weights=weights, risk_weighting=risk_weighting,
-                              kappa=kappa, risk_gamma=risk_gamma, alpha=alpha, beta=beta)  # name -> (B, T)
+                              kappa=kappa, risk_gamma=risk_gamma, alpha=alpha, beta=beta,
+                              tail_curvature=tail_curvature)  # name -> (B, T)
     loss = torch.stack(list(terms.values())).sum(0) if terms else torch.zeros_like(values)
     metrics = {f"dvpo_{k}": v.detach() for k, v in terms.items()} | {"vpred_mean": values.detach()}
     return TokenLoss(loss=loss, token_metrics=metrics)

@@ -14,8 +14,8 @@ Readings implemented (each documented in ``docs/algorithms/dvpo.md``):
   (w_1 ~ e^-gamma_r, w_M = 1), so the lower quantiles get the smaller weight.
 - **Tails.** The lower tail is the first k_low = max(1, floor(alpha M)) quantiles, the upper tail the last
   k_high = max(1, floor(beta M)), in quantile-index (tau) order for both q and y (no sorting). Eq. 9 takes
-  second differences inside each tail (the port takes them over the whole axis, then the first / last
-  floor(alpha (M - 2)) of them).
+  second differences inside each tail (``tail_curvature="in_tail"``); ``"whole_axis"`` is the port's: over the
+  whole axis, then the first max(1, floor(alpha (M - 2))) and last max(1, floor(beta (M - 2))) of them.
 - **Tail guards.** Eq. 8 uses the unbiased variance, NaN for a 1-quantile tail: it raises ValueError when a
   tail has < 2 quantiles; Eq. 9 needs >= 3 quantiles per tail; Eq. 10 needs >= 2 heads.
   ``dvpo_critic_terms`` computes only terms with a nonzero weight, so a zero weight switches a guard off.
@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from credo.algo.advantages.common import token_rewards
+from credo.algo.advantages.common import compute_dtype, token_rewards
 from credo.algo.advantages.returns import gae
 
 DVPO_TERMS: dict[str, float] = {"qr": 1.0, "cvar": 1.0, "upper": 1.0, "mean_shift": 1.0, "tail_shape": 1.0,
@@ -114,9 +114,27 @@ def tail_shape_loss(quantiles: torch.Tensor, targets: torch.Tensor, *, alpha: fl
     return F.relu(q_low.var(-1) - y_low.var(-1)) + F.relu(y_high.var(-1) - q_high.var(-1))  # (B, T)
 
 
-def tail_curvature_loss(quantiles: torch.Tensor, *, alpha: float = 0.1, beta: float = 0.1) -> torch.Tensor:
-    """Eq. 9, tail curvature, per token (B, T): with D2 x_j = x_{j+2} - 2 x_{j+1} + x_j inside each tail,
-    ReLU(mean D2 q_low) + ReLU(-mean D2 q_high). Raises ValueError when a tail has < 3 quantiles."""
+TAIL_CURVATURES = ("in_tail", "whole_axis")
+
+
+def tail_curvature_loss(quantiles: torch.Tensor, *, alpha: float = 0.1, beta: float = 0.1,
+                        tail_curvature: str = "in_tail") -> torch.Tensor:
+    """Eq. 9, tail curvature, per token (B, T): ReLU(mean D2 q_low) + ReLU(-mean D2 q_high) with
+    D2 x_j = x_{j+2} - 2 x_{j+1} + x_j.
+
+    ``in_tail`` (default): D2 inside each tail of floor(alpha M) / floor(beta M) quantiles; raises ValueError
+    when a tail has < 3 quantiles. ``whole_axis`` (the port's ``tail_curvature_loss``): D2 over the whole quantile
+    axis (M - 2 values), then its first max(1, floor(alpha (M - 2))) and last max(1, floor(beta (M - 2))); needs
+    M >= 3."""
+    if tail_curvature not in TAIL_CURVATURES:
+        raise ValueError(f"DVPO tail_curvature must be one of {', '.join(TAIL_CURVATURES)}, got {tail_curvature!r}")
+    if tail_curvature == "whole_axis":
+        m = quantiles.shape[-1]
+        if m < 3:
+            raise ValueError(f"DVPO curvature needs >= 3 quantiles, got {m}; set its weight to 0")
+        d2 = quantiles[..., 2:] - 2 * quantiles[..., 1:-1] + quantiles[..., :-2]  # (B, T, M - 2)
+        k_low, k_high = tail_size(alpha, m - 2), tail_size(beta, m - 2)
+        return F.relu(d2[..., :k_low].mean(-1)) + F.relu(-d2[..., -k_high:].mean(-1))  # (B, T)
     q_low, q_high = _tails(quantiles, alpha, beta, 3, "curvature")  # (B, T, k_low), (B, T, k_high)
     d2_low = q_low[..., 2:] - 2 * q_low[..., 1:-1] + q_low[..., :-2]  # (B, T, k_low - 2)
     d2_high = q_high[..., 2:] - 2 * q_high[..., 1:-1] + q_high[..., :-2]  # (B, T, k_high - 2)
@@ -144,6 +162,7 @@ def dvpo_critic_terms(
     risk_gamma: float = 1.0,
     alpha: float = 0.1,
     beta: float = 0.1,
+    tail_curvature: str = "in_tail",
 ) -> dict[str, torch.Tensor]:
     """Eq. 11: the weighted per-token terms {name: weight * term (B, T)}; the caller sums and aggregates them.
 
@@ -163,7 +182,7 @@ def dvpo_critic_terms(
         "upper": lambda: upper_gain_loss(q, targets, beta=beta),
         "mean_shift": lambda: mean_shift_loss(q, targets),
         "tail_shape": lambda: tail_shape_loss(q, targets, alpha=alpha, beta=beta),
-        "curvature": lambda: tail_curvature_loss(q, alpha=alpha, beta=beta),
+        "curvature": lambda: tail_curvature_loss(q, alpha=alpha, beta=beta, tail_curvature=tail_curvature),
         "consistency": lambda: consistency_loss(head_quantiles),
     }
     return {name: w[name] * fn() for name, fn in compute.items() if w[name] != 0}
@@ -177,12 +196,14 @@ def distributional_gae(rewards: torch.Tensor, value_quantiles: torch.Tensor, res
     targets = q + A. Runs credo's scalar :func:`gae` with the quantile axis folded into the batch axis, so
     reward placement ((B,) score on the last loss token, or (B, T) token rewards) and masked (tool / padding)
     positions behave exactly as in scalar GAE: transparent, terminal value 0. The actor's advantage is mean_j A.
+    Keeps the inputs' floating dtype (float64 quantiles give float64 targets).
     """
     b, t_len, m = value_quantiles.shape
-    r = token_rewards(rewards, response_mask)  # (B, T)
+    dtype = compute_dtype(rewards, value_quantiles)
+    r = token_rewards(rewards, response_mask).to(dtype)  # (B, T)
     r_fold = r.unsqueeze(1).expand(b, m, t_len).reshape(b * m, t_len)  # (B M, T), row b M + j
-    mask_fold = response_mask.float().unsqueeze(1).expand(b, m, t_len).reshape(b * m, t_len)  # (B M, T)
-    v_fold = value_quantiles.detach().float().permute(0, 2, 1).reshape(b * m, t_len)  # (B M, T)
+    mask_fold = response_mask.to(dtype).unsqueeze(1).expand(b, m, t_len).reshape(b * m, t_len)  # (B M, T)
+    v_fold = value_quantiles.detach().to(dtype).permute(0, 2, 1).reshape(b * m, t_len)  # (B M, T)
     adv, targets = gae(r_fold, v_fold, mask_fold, gamma=gamma, lam=lam)  # (B M, T) each
     return _unfold(adv, b, m), _unfold(targets, b, m)  # (B, T, M) each
 

@@ -9,7 +9,8 @@ With ``x = logprobs - ref_logprobs`` per token:
 
 A ``+`` suffix (``k1+``, ``k3+``) is the straight-through variant: the value of the named estimator
 with the gradient of k2, ``sg[fwd] + k2 - sg[k2]``. The suffix is stripped before the estimator is
-looked up (verl's reference passes it through and fails; see the spec's hazard note).
+looked up (verl 0.9.1's ``kl_penalty`` strips it too; the spec's reference b178a3cd56f5 passed it through and
+failed: see its hazard note).
 """
 from __future__ import annotations
 

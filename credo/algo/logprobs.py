@@ -45,11 +45,20 @@ def entropy_direction_from_logits(logits: torch.Tensor, labels: torch.Tensor) ->
     return s_k - c
 
 
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_v pi(v)^2 = exp(logsumexp(2 z) - 2 logsumexp(z)) of pi = softmax(z), (..., V) -> (...): the collision
+    probability the Optimal Token Baseline's per-token energy 1 - 2 pi_k + sum pi^2 needs (verl
+    ``calculate_sum_pi_squared``)."""
+    logits = _upcast(logits)
+    return (torch.logsumexp(2 * logits, -1) - 2 * torch.logsumexp(logits, -1)).exp()
+
+
 # Per-position statistics of the full next-token distribution that a no-grad pass can return:
 # name -> fn(logits (N, V) or (B, T, V), labels) -> (N,) or (B, T).
 TOKEN_STATS = {
     "entropy": lambda logits, labels: entropy_from_logits(logits),
     "entropy_direction": entropy_direction_from_logits,
+    "sum_pi_squared": lambda logits, labels: sum_pi_squared_from_logits(logits),
 }
 
 

@@ -8,6 +8,12 @@ Policy loss (per token, before aggregation)::
     def my_loss(*, logprobs, old_logprobs, advantages, response_mask, entropy=None, ref_logprobs=None,
                 my_hparam: float = 0.1) -> TokenLoss
 
+A loss that also names ``token_weights`` (B, T) in its signature receives the detached rollout-correction
+weights and applies them itself (a sequence-level loss reduces them per sequence, e.g. GMPO's geometric mean);
+any other loss has its per-token loss multiplied by them. ``uses_rollout_logprobs=True`` declares a loss whose
+``old_logprobs`` are the sampler's log-probs (verl's bypass mode: no recomputed old log-probs) and which computes
+its own importance weights, so the update applies none.
+
 Advantage estimator::
 
     @register_advantage("name", needs=("values",), groups=False)  # needs: optional inputs; groups: a group baseline
@@ -25,9 +31,11 @@ from typing import Any, Callable
 
 import torch
 
-LOSS_TENSOR_ARGS = ("logprobs", "old_logprobs", "advantages", "response_mask", "entropy", "ref_logprobs")
+LOSS_TENSOR_ARGS = ("logprobs", "old_logprobs", "advantages", "response_mask", "entropy", "ref_logprobs",
+                    "token_weights")
 ADV_TENSOR_ARGS = ("rewards", "group_ids", "response_mask", "values", "reward_baselines", "entropy_direction",
-                   "entropy_history", "value_quantiles", "tree_paths")
+                   "entropy_history", "value_quantiles", "tree_paths", "old_logprobs", "sum_pi_squared",
+                   "rollout_is_weights", "reward_components")
 
 
 @dataclass
@@ -56,6 +64,9 @@ class Registered:
     # other row's loss depends on it, so the trainer may leave such rows out of the forward / backward
     zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False
     groups: bool = False  # an estimator whose baseline is the other samples of the prompt's group (needs G >= 2)
+    # a policy loss whose old_logprobs input is the sampler's rollout_logprobs and that computes its own importance
+    # weights (verl's bypass mode): the update passes rollout_logprobs and no rollout-correction token_weights
+    uses_rollout_logprobs: bool = False
 
     def requirements(self, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
         """Optional inputs needed with these hyperparameters (defaults filled in)."""
@@ -88,7 +99,8 @@ def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[st
 def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, ...]):
     def register(name: str, *, forced_agg: str | None = None,
                  needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = (),
-                 zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False, groups: bool = False):
+                 zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False, groups: bool = False,
+                 uses_rollout_logprobs: bool = False):
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             if name in table and table[name].fn is not fn:
                 raise ValueError(f"{kind} {name!r} is already registered to {table[name].fn.__qualname__}")
@@ -96,7 +108,7 @@ def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, .
             accepted = tuple(p for p in inspect.signature(fn).parameters if p in tensor_args)
             table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg,
                                      needs if callable(needs) else tuple(needs), doc, accepted, zero_adv_inert,
-                                     groups)
+                                     groups, uses_rollout_logprobs)
             return fn
 
         return deco

@@ -4,9 +4,10 @@ The rollout engine samples from pi_roll (vLLM's kernels, another precision, an o
 loss is computed against pi_old. Per token, w = exp(old_logprobs - rollout_logprobs); per sequence,
 w_seq = exp(sum_t (old_logprobs - rollout_logprobs)) over the row's loss tokens, broadcast to its tokens.
 
-    token_truncate     w clipped to [low, high]                       (verl rollout_is=token, OpenRLHF tis)
+    token_truncate     w clipped to [low, high]                       (verl rollout_is=token with a float threshold:
+                                                                      min(w, high) only; OpenRLHF tis)
     token_mask         w, zeroed outside [low, high]                  (TRL token_mask, OpenRLHF icepop)
-    sequence_truncate  w_seq clipped to [low, high]                   (verl rollout_is=sequence)
+    sequence_truncate  w_seq clipped to [low, high]                   (verl rollout_is=sequence, min(w, high))
     sequence_mask      w_seq, zeroed outside [low, high]              (TRL sequence_mask)
 
 ``low`` None means no lower bound. The weights are detached and multiply the per-token policy loss before

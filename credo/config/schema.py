@@ -171,7 +171,8 @@ class AlgoConfig:
     loss_scale_factor: float | None = opt(None, "divisor for seq-mean-token-sum-norm (null = rollout.max_new_tokens)")
     kl_coef: float = opt(0.0, "KL coefficient against the frozen reference (0 = no reference model)", min=0.0)
     kl_estimator: str = opt("k3", "KL estimator: k1, abs, k2, k3 (+ suffix = straight-through)")
-    kl_in_reward: bool = opt(False, "subtract kl_coef * sum_t KL from the sequence reward instead of adding it to the loss")
+    kl_in_reward: bool = opt(False, "subtract kl_coef * KL_t from each token's reward (as verl) instead of adding it "
+                                 "to the loss")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient (loss -= coef * agg(entropy))")
     rollout_correction: str = opt("auto", "importance weights for the sampler-trainer mismatch, exp(old_logprobs - "
                                   "rollout_logprobs) per token or per sequence, truncated or masked to [rollout_is_low, "

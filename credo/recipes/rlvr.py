@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from credo.algo import advantage_requirements, compute_advantages, masked_mean
+from credo.algo import advantage_requirements, compute_advantages, masked_mean, policy_loss_uses_rollout_logprobs
 from credo.algo.advantages import discounted_returns
 from credo.config import RunConfig
 from credo.data.sampler import prompt_sampler
@@ -40,10 +40,10 @@ from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
                                   save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
-from credo.recipes.stages import (COLLECTOR_KEY, apply_reference, build_collector, build_token_selector,
-                                  collector_state, greedy_baselines, load_reference, needs_critic,
-                                  needs_old_logprob_pass, needs_reference, new_critic, shardable, step_metrics,
-                                  trajectory_inputs)
+from credo.recipes.stages import (COLLECTOR_KEY, PASS_OUTPUTS, PASS_STATS, apply_reference, build_collector,
+                                  build_token_selector, collector_state, estimator_rollout_weights, greedy_baselines,
+                                  load_reference, needs_critic, needs_old_logprob_pass, needs_reference, new_critic,
+                                  reward_components, shardable, step_metrics, trajectory_inputs)
 from credo.tracking.dump import rollout_records
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
@@ -235,7 +235,7 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                                                                      micro_batch_size=cfg.train.micro_batch_size)
         rewards = apply_reference(cfg, parts.ref_model, batch, metrics, timer,
                                   parts.collector.rewards(batch, rollouts.trajs))
-        adv = advantages(cfg, parts, batch, rollouts.trajs, rewards, adv_needs, token_stats, state, timer)
+        adv = advantages(cfg, parts, batch, rollouts, rewards, adv_needs, token_stats, state, timer)
         updates(cfg, parts, state, batch, rollouts.trajs, metrics, timer, step=step, fused=fused)
     metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step))
     every = cfg.log.rollouts_every
@@ -251,7 +251,7 @@ def old_logprob_pass(cfg: RunConfig, parts: Parts, batch: TrainBatch, adv_needs:
     reads); returns those statistics. Rows the engine did not sample (``batch.sampled``: e.g. answers from a pool)
     take the current policy's log-probs as their behaviour log-probs."""
     with timer("old_logprob"):
-        stats = ("entropy", "entropy_direction") if "entropy_direction" in adv_needs else ("entropy",)
+        stats = ("entropy",) + tuple(n for n in PASS_STATS if n in adv_needs)
         batch.old_logprobs, token_stats = batched_logprobs(
             parts.model, batch, micro_batch_size=cfg.train.micro_batch_size,
             micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=batch.temperature, stats=stats,
@@ -269,13 +269,13 @@ def old_logprob_pass(cfg: RunConfig, parts: Parts, batch: TrainBatch, adv_needs:
     return token_stats
 
 
-def advantages(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, rewards: torch.Tensor,
+def advantages(cfg: RunConfig, parts: Parts, batch: TrainBatch, rollouts, rewards: torch.Tensor,
                adv_needs: tuple[str, ...], token_stats: dict[str, torch.Tensor], state: RunState,
                timer: Timer) -> AdvantageOutput:
     """The configured estimator's advantages (and returns) into ``batch``."""
     a = cfg.algo
     with timer("adv"):
-        inputs = advantage_inputs(cfg, parts, batch, trajs, adv_needs, token_stats, state, timer)
+        inputs = advantage_inputs(cfg, parts, batch, rollouts, adv_needs, token_stats, state, timer)
         adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
                                  response_mask=batch.response_mask, **inputs, **a.advantage_args)
         batch.advantages, batch.returns, batch.return_quantiles = adv.advantages, adv.returns, adv.return_quantiles
@@ -317,35 +317,39 @@ def shard_policy_of(cfg: RunConfig, parts: Parts) -> None:
     parts.scheduler = _scheduler(cfg, parts.optimizer)
 
 
-def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, trajs, needs: tuple[str, ...],
+def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, rollouts, needs: tuple[str, ...],
                      token_stats: dict[str, torch.Tensor], state: RunState, timer: Timer) -> dict[str, Any]:
-    """The optional inputs the configured estimator declares it needs, and only those."""
+    """The optional inputs the configured estimator declares it needs, and only those; plus the rollout-correction
+    weights for an estimator that accepts them, when ``algo.rollout_correction`` is on."""
+    trajs = rollouts.trajs
     providers = {
         "values": lambda: batch.values,
         "value_quantiles": lambda: batch.value_quantiles,
         "entropy_direction": lambda: token_stats["entropy_direction"],
+        "sum_pi_squared": lambda: token_stats["sum_pi_squared"],
+        "old_logprobs": lambda: batch.old_logprobs,
         "entropy_history": lambda: list(state.entropy_history),
         "reward_baselines": lambda: greedy_baselines(parts.rollout, trajs, timer,
                                                      max_new_tokens=cfg.rollout.max_new_tokens),
+        "reward_components": lambda: reward_components(rollouts.results),
         **trajectory_inputs(trajs),  # inputs each row carries from its collector
     }
-    return {name: providers[name]() for name in needs}
+    return {name: providers[name]() for name in needs} | estimator_rollout_weights(cfg, batch)
 
 
 def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], batch_size: int) -> bool:
-    """Whether the old-log-prob pass can be skipped: one optimizer step on the whole batch (so the policy has not
-    moved when the loss is computed), no reference KL on old log-probs, no estimator that reads the pass's
-    statistics, no critic (whose warm-up steps skip the policy update), not one-step-off, and neither the collector
-    nor the token selector needs the pass (``needs``: e.g. rows the engine did not sample, a selection made from the
-    behaviour policy before the update)."""
+    """Whether the old-log-prob pass can be skipped: no reference KL on old log-probs, no estimator that reads the
+    pass's outputs, no critic (whose warm-up steps skip the policy update), not one-step-off, and neither the
+    collector nor the token selector needs the pass (``needs``: e.g. rows the engine did not sample, a selection made
+    from the behaviour policy before the update); and either one optimizer step on the whole batch (so the policy
+    has not moved when the loss is computed) or a loss whose old log-probs are the sampler's (verl's bypass mode)."""
     t = cfg.train
-    return (t.old_logprob_pass == "auto" and t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
-            and parts.ref_model is None and not {"entropy_direction", "entropy_history"} & set(adv_needs)
+    one_step = t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
+    return (t.old_logprob_pass == "auto" and (one_step or policy_loss_uses_rollout_logprobs(cfg.algo.policy_loss))
+            and parts.ref_model is None and not PASS_OUTPUTS & set(adv_needs)
             and parts.critic is None and not cfg.rollout.one_step_off
             and not needs_old_logprob_pass(parts.collector, parts.selector))
 
-
-# ============================================================================ pieces of the run
 
 def attach_critic(cfg: RunConfig, parts: Parts, critic: ValueModel) -> None:
     c = cfg.critic

@@ -21,9 +21,10 @@ from typing import Any, Callable
 
 import torch
 
-from credo.algo import advantage_requirements, kl_penalty, masked_mean, policy_loss_requirements
+from credo.algo import advantage_accepts, advantage_requirements, kl_penalty, masked_mean, policy_loss_requirements
 from credo.algo.advantages import explained_variance, token_rewards
 from credo.algo.critic import critic_loss_requirements
+from credo.algo.rollout_correction import rollout_is_weights
 from credo.collect.agent import AgentCollector, AgentOptions
 from credo.collect.base import Collector
 from credo.collect.group import GroupCollector, GroupOptions
@@ -38,6 +39,7 @@ from credo.recipes.common import sampling_params, training_runner
 from credo.train.forward import ForwardOptions, batched_logprobs
 from credo.train.stats import Timer
 from credo.train.token_select import AllTokens, EntropySelector, TokenSelector
+from credo.train.update import rollout_correction_mode
 from credo.types import SamplingParams, TrainBatch
 
 COLLECTOR_KEY = "collector"  # the trainer state's key of the collector's state_dict
@@ -182,6 +184,33 @@ def load_reference(cfg: RunConfig, run_dir: Path):
 
 # estimator inputs that every trajectory carries in its ``info`` (the input name -> the info key)
 TRAJECTORY_INPUTS = {"tree_paths": "tree_path"}  # AttnRL's tree collector: each row's TreePath
+
+
+# token statistics of the behaviour policy the old-log-prob pass computes when the estimator needs them, and every
+# estimator input that comes from that pass (an estimator needing one keeps the pass)
+PASS_STATS = ("entropy_direction", "sum_pi_squared")
+PASS_OUTPUTS = {"entropy_direction", "entropy_history", "sum_pi_squared", "old_logprobs"}
+
+
+def reward_components(results) -> dict[str, torch.Tensor]:
+    """name -> (B,) score of each reward component every row's result names (``info["components"]``: the
+    ``reward.mix`` components, or the extra numeric keys of a verifier that returns a dict), in the first row's
+    order; {} when some row has none."""
+    comps = [r.info.get("components") or {} for r in results]
+    names = [n for n in (comps[0] if comps else {}) if all(n in c for c in comps)]
+    return {n: torch.tensor([float(c[n]) for c in comps]) for n in names}
+
+
+def estimator_rollout_weights(cfg: RunConfig, batch: TrainBatch) -> dict[str, torch.Tensor]:
+    """{"rollout_is_weights": (B, T)} for an estimator that accepts them (the Optimal Token Baseline scales its
+    energy by w^2), when ``algo.rollout_correction`` is on and the old-log-prob pass ran; {} otherwise."""
+    mode = rollout_correction_mode(cfg)
+    if "rollout_is_weights" not in advantage_accepts(cfg.algo.advantage) or mode == "none" \
+            or batch.old_logprobs is None:
+        return {}
+    weights, _ = rollout_is_weights(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, mode=mode,
+                                    low=cfg.algo.rollout_is_low, high=cfg.algo.rollout_is_high)
+    return {"rollout_is_weights": weights}
 
 
 def trajectory_inputs(trajs) -> dict[str, Callable[[], list]]:

@@ -44,7 +44,8 @@ class MixedRunner:
             parts = [(name, w, res[i]) for name, w, res in per]
             main = parts[0][2]
             failed = [r for _, _, r in parts if r.failed]
-            info = {**main.info, "components": {name: r.score for name, _, r in parts}}
+            info = {**main.info, "components": {**main.info.get("components", {}),
+                                                **{name: r.score for name, _, r in parts}}}
             score, errors = sum(w * r.score for _, w, r in parts), [r.error for r in failed]
             if not math.isfinite(score):  # float overflow gives inf (or inf - inf = nan), never an exception
                 score, errors = self.failure_score, errors + [f"{NONFINITE}: {score!r} (weighted sum)"]

@@ -126,10 +126,15 @@ def to_result(value: Any) -> RewardResult:
     """Normalise a verifier's return value to a :class:`RewardResult`.
 
     ``bool`` -> score 1.0/0.0 with ``correct`` set to the bool; a real number -> that score,
-    ``correct = score >= 1.0``; a ``RewardResult`` passes through; anything else -> ``TypeError``.
+    ``correct = score >= 1.0``; a ``RewardResult`` passes through; a dict with a ``"score"`` (verl's
+    ``compute_score`` convention) -> that score, ``correct`` from its ``"acc"`` if present (else score >= 1.0), and
+    its other real-valued keys as ``info["components"]`` (what ``algo.advantage=gdpo`` normalises one by one);
+    anything else -> ``TypeError``.
     """
     if isinstance(value, RewardResult):
         return value
+    if isinstance(value, dict):
+        return _dict_result(value)
     if isinstance(value, bool):
         return RewardResult(score=1.0 if value else 0.0, correct=value)
     if isinstance(value, numbers.Real):  # int, float, numpy scalars
@@ -138,3 +143,16 @@ def to_result(value: Any) -> RewardResult:
     raise TypeError(
         f"verifier returned {type(value).__name__}; expected RewardResult, float, int or bool"
     )
+
+
+def _dict_result(value: dict) -> RewardResult:
+    """A verl-style ``{"score": s, "acc": ..., "format_reward": ..., ...}`` as a :class:`RewardResult`."""
+    if "score" not in value:
+        raise TypeError(f"verifier returned a dict without a 'score' key (keys: {sorted(map(str, value))[:8]})")
+    score = value["score"]
+    if isinstance(score, bool):
+        score = float(score)
+    components = {str(k): float(v) for k, v in value.items()
+                  if k != "score" and isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    correct = bool(value["acc"]) if "acc" in value else (isinstance(score, numbers.Real) and score >= 1.0)
+    return RewardResult(score=score, correct=correct, info={"components": components} if components else {})

@@ -247,7 +247,9 @@ def response_outputs(critic: torch.nn.Module, batch: TrainBatch):
 @torch.no_grad()
 def batched_values(critic: torch.nn.Module, batch: TrainBatch, *,
                    micro_batch_size: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(values (B, T), head-mean quantiles (B, T, M) or None) at collection time, zero outside the loss mask."""
+    """(values (B, T), head-mean quantiles (B, T, M) or None) at collection time. Values are kept on every real
+    response token (environment and tool tokens too: GAE's ``bootstrap="agentgym"`` reads the value after a turn)
+    and zero on padding; quantiles are zero outside the loss mask."""
     was_training = critic.training
     critic.eval()
     size = micro_batch_size or batch.batch_size
@@ -261,5 +263,6 @@ def batched_values(critic: torch.nn.Module, batch: TrainBatch, *,
     finally:
         critic.train(was_training)
     mask = batch.response_mask
+    real = batch.attention_mask[:, batch.prompt_len:].to(mask.dtype)  # (B, T) 1 on response tokens, 0 on padding
     q = torch.cat(quantiles) * mask.unsqueeze(-1) if quantiles else None
-    return torch.cat(values) * mask, q
+    return torch.cat(values) * real, q

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert,
-                        policy_loss_requirements)
+                        policy_loss_requirements, policy_loss_uses_rollout_logprobs)
 from credo.algo.critic import compute_critic_loss
 from credo.algo.rollout_correction import rollout_is_weights
 from credo.distributed.data_parallel import LOCAL, DataParallel
@@ -234,14 +234,16 @@ def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggN
     logprobs, entropy = policy_logprobs(model, mb, temperature=mb.temperature, with_entropy=needs_entropy,
                                         opts=forward)
     mask = mb.response_mask
+    bypass = policy_loss_uses_rollout_logprobs(a.policy_loss)  # old = the sampler's; the loss weights tokens itself
     old_logprobs = logprobs.detach() if fused else mb.old_logprobs
+    loss_old = mb.rollout_logprobs if bypass else old_logprobs
     weights, corr_metrics = None, {}
-    if a.rollout_correction != "none":
+    if a.rollout_correction != "none" and not bypass:
         weights, corr = rollout_is_weights(old_logprobs, mb.rollout_logprobs, mask, mode=a.rollout_correction,
                                            low=a.rollout_is_low, high=a.rollout_is_high)
         # token means only: they combine exactly over micro-batches (weighted by token counts)
         corr_metrics = {k: corr[k] for k in ("rollout_corr/is_mean", "rollout_corr/adjusted_frac") if k in corr}
-    out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=old_logprobs, advantages=mb.advantages,
+    out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=loss_old, advantages=mb.advantages,
                               response_mask=mask, entropy=entropy, ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm,
                               token_weights=weights, **a.policy_loss_args)
     loss = out.loss

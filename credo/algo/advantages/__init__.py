@@ -7,8 +7,10 @@
 - ``papo`` (entropy-polarity reweighting, :mod:`.papo`)
 - ``dvpo`` (distributional GAE over a quantile critic, mean over quantiles, :mod:`.dvpo`)
 - ``attnrl`` (tree segment advantages of AttnRL / TreeRL rollout trees, :mod:`.tree`)
+- ``optimal_token_baseline``, ``tir_optimal_token_baseline`` (energy-weighted per-token group baseline, :mod:`.otb`)
+- ``gdpo`` (per-component group normalisation, weighted sum, batch whitening, :mod:`.gdpo`)
 """
-from credo.algo.advantages import dvpo, evpo, outcome, papo, returns, tree  # noqa: F401  (registration)
+from credo.algo.advantages import dvpo, evpo, gdpo, otb, outcome, papo, returns, tree  # noqa: F401  (registration)
 from credo.algo.advantages.common import (
     broadcast,
     explained_variance,

@@ -1,12 +1,15 @@
 """EVPO: explained-variance gating between the critic (GAE) and the group baseline (``seed-algorithms.md`` §11).
 
 Reading implemented (the spec marks these points [derived]; each is a hyperparameter):
-- EV = 1 - Var(Ret - V) / (Var(Ret) + 1e-5) over the batch's loss tokens, unbiased variances
-  (verl's ``vf_explained_var``), with Ret the GAE returns;
+- EV = 1 - Var(Ret - V) / (Var(Ret) + ev_eps) over the batch's loss tokens, unbiased variances
+  (verl's ``vf_explained_var``: ev_eps = 1e-5, the default; ``ev_eps=0`` is the exact ratio, and a batch whose
+  returns do not vary then has EV nan or -inf, so the group baseline is used), with Ret the GAE returns;
 - EV > ``threshold`` (0, the paper's value) -> GAE advantages (whitened), else GRPO advantages
   (group mean and std, eps 1e-6);
 - the gate is per batch (``gate="batch"``, the abstract's reading) or per prompt group (``"group"``);
-- returns are the GAE returns in both branches, so the critic keeps training either way.
+- returns are the GAE returns in both branches, so the critic keeps training either way;
+- GAE's bootstrap (``bootstrap``): ``terminal_zero`` (default: next loss token's value, 0 after the final action)
+  or ``agentgym`` (AgentGym-RL's: the value at the next position, :func:`credo.algo.advantages.returns.gae`).
 """
 from __future__ import annotations
 
@@ -32,23 +35,27 @@ def evpo_advantage(
     norm_std: bool = True,
     eps: float = 1e-6,
     gate: str = "batch",
+    ev_eps: float = 1e-5,
+    bootstrap: str = "terminal_zero",
 ) -> AdvantageOutput:
     """Critic advantages when the critic explains the returns (EV > threshold), group baseline otherwise."""
     if gate not in ("batch", "group"):
         raise ValueError(f"evpo gate must be 'batch' or 'group', got {gate!r}")
-    gae_adv, returns = gae(rewards, values, response_mask, gamma=gamma, lam=lam)
+    if ev_eps < 0:
+        raise ValueError(f"evpo ev_eps must be >= 0, got {ev_eps}")
+    gae_adv, returns = gae(rewards, values, response_mask, gamma=gamma, lam=lam, bootstrap=bootstrap)
     gae_adv = masked_whiten(gae_adv, response_mask)
     group_adv = grpo_advantage(rewards=rewards, group_ids=group_ids, response_mask=response_mask,
                                norm_std=norm_std, eps=eps).advantages
-    ev = explained_variance(returns, values.detach().float(), response_mask)
+    ev = explained_variance(returns, values.detach(), response_mask, eps=ev_eps)
     if gate == "batch":
         use_critic = torch.full((rewards.shape[0],), ev > threshold)
     else:
         use_critic = torch.zeros(rewards.shape[0], dtype=torch.bool)
         for g in torch.unique(group_ids):
             rows = group_ids == g
-            use_critic[rows] = explained_variance(returns[rows], values[rows].detach().float(),
-                                                  response_mask[rows]) > threshold
-    adv = torch.where(use_critic.unsqueeze(-1), gae_adv, group_adv)
+            use_critic[rows] = explained_variance(returns[rows], values[rows].detach(), response_mask[rows],
+                                                  eps=ev_eps) > threshold
+    adv = torch.where(use_critic.unsqueeze(-1), gae_adv, group_adv.to(gae_adv.dtype))
     metrics = {"evpo/explained_variance": ev, "evpo/use_critic": float(use_critic.float().mean())}
     return AdvantageOutput(advantages=adv, returns=returns, metrics=metrics)

@@ -74,16 +74,40 @@ def opo_advantage(
     group_ids: torch.Tensor,  # (B,)
     response_mask: torch.Tensor,  # (B, T)
 ) -> AdvantageOutput:
-    """OPO: length-weighted group baseline b_g = sum_j |y_j| R_j / sum_j |y_j|; A_i = R_i - b_g."""
-    r = sequence_scores(rewards, response_mask).double()
-    lengths = response_mask.sum(-1).double()  # (B,)
+    """OPO: length-weighted group baseline b_g = sum_j |y_j| R_j / sum_j |y_j|; A_i = R_i - b_g.
+
+    A group of size 1 gets b = 0, so A = R (verl ``opo``; as ``grpo`` and ``rloo`` treat singletons)."""
+    r = sequence_scores(rewards, response_mask)  # (B,)
+    lengths = response_mask.to(r.dtype).sum(-1)  # (B,)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    num = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, lengths * r)
-    den = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, lengths)
-    baseline = (num / den.clamp(min=1e-12))[inverse]
-    adv_t = broadcast((r - baseline).float(), response_mask)
+    count = torch.zeros(groups, dtype=r.dtype).index_add_(0, inverse, torch.ones_like(r))
+    num = torch.zeros(groups, dtype=r.dtype).index_add_(0, inverse, lengths * r)
+    den = torch.zeros(groups, dtype=r.dtype).index_add_(0, inverse, lengths)
+    baseline = torch.where(count > 1, num / den.clamp(min=1e-12), torch.zeros_like(num))[inverse]  # (B,)
+    adv_t = broadcast(r - baseline, response_mask)
     return AdvantageOutput(advantages=adv_t, returns=adv_t)
+
+
+@register_advantage("gpg", groups=True)
+def gpg_advantage(
+    *,
+    rewards: torch.Tensor,  # (B,)
+    group_ids: torch.Tensor,  # (B,)
+    response_mask: torch.Tensor,  # (B, T)
+    f_norm: float = 1.0,
+) -> AdvantageOutput:
+    """GPG (arXiv 2504.02546; verl ``gpg``): A_i = alpha (R_i - mean_g R) / f_norm with
+    alpha = B / max(#{i : R_i != 0}, 1) over the batch (the paper's correction for rows that carry no signal).
+
+    A group of size 1 has mean 0 (A = alpha R / f_norm). No std normalisation. Default f_norm = 1.0 (verl's)."""
+    if f_norm == 0:
+        raise ValueError("gpg f_norm must be nonzero")
+    r = sequence_scores(rewards, response_mask)  # (B,)
+    mean, _, _ = group_stats(r, group_ids)
+    alpha = len(r) / max(int(torch.count_nonzero(r)), 1)
+    adv_t = broadcast(alpha * (r - mean) / f_norm, response_mask)
+    return AdvantageOutput(advantages=adv_t, returns=adv_t, metrics={"gpg/alpha": float(alpha)})
 
 
 @register_advantage("grpo_passk", groups=True)

@@ -84,8 +84,8 @@ def papo_advantage(
     extra = {"norm_std": norm_std, "eps": eps} if base == "grpo" else {}
     base_out = ADVANTAGE_ESTIMATORS[base].fn(rewards=rewards, group_ids=group_ids, response_mask=response_mask, **extra)
     adv = base_out.advantages  # (B, T)
-    mask = response_mask.float()
-    polarity = -adv * entropy_direction.float() * mask  # (B, T)
+    mask = response_mask.to(adv.dtype)
+    polarity = -adv * entropy_direction.to(adv.dtype) * mask  # (B, T)
     phi = papo_phase(entropy_history, phase_fn, ema)
     w_pos, w_neg = papo_weights(phi, weight_map=weight_map, strength=strength, w_min=w_min, w_max=w_max)
     weight = torch.where(polarity > 0, torch.full_like(adv, w_pos), torch.full_like(adv, w_neg))

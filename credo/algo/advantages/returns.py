@@ -1,33 +1,51 @@
 """Return-based estimators: GAE (with a critic), REINFORCE++ and ReMax (``baselines.md`` §2).
 
 Token rewards: a (B,) score is placed on each row's last loss token; (B, T) token rewards are used
-as given. Positions outside ``response_mask`` (padding, tool / environment tokens) are transparent:
-GAE carries V and the running advantage across them unchanged, as verl's multi-turn GAE does.
+as given (times the mask). Positions outside ``response_mask`` (padding, tool / environment tokens) are
+transparent for every estimator here: the running return, and GAE's next value and running advantage, are
+carried across them unchanged (no discount), as verl 0.9.1 does, so the turns before an environment span
+receive the reward placed after it. Computation keeps the inputs' floating dtype.
 """
 from __future__ import annotations
 
 import torch
 
-from credo.algo.advantages.common import broadcast, masked_whiten, token_rewards
+from credo.algo.advantages.common import broadcast, compute_dtype, masked_whiten, token_rewards
 from credo.algo.registry import register_advantage
 from credo.types import AdvantageOutput
 
+BOOTSTRAPS = ("terminal_zero", "agentgym")
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *, gamma: float, lam: float
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns), both (B, T), unwhitened. TD_t = r_t + gamma V_{t+1} - V_t,
-    A_t = TD_t + gamma lam A_{t+1}, right to left over loss tokens; terminal value 0; returns = A + V."""
-    r = token_rewards(rewards, response_mask)  # (B, T)
-    m = response_mask.float()
-    v = values.detach().float()
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *, gamma: float, lam: float,
+        bootstrap: str = "terminal_zero") -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), both (B, T), unwhitened. Right to left over loss tokens:
+    TD_t = r_t + gamma V_next - V_t, A_t = TD_t + gamma lam A_next; returns = A + V.
+
+    ``bootstrap`` picks V_next at a loss token t:
+    - ``terminal_zero`` (default; verl 0.9.1): V of the next loss token, skipping masked spans; 0 after the
+      final one.
+    - ``agentgym`` (AgentGym-RL's fork): ``values[t + 1]`` whatever position that is (an environment token's
+      value at the end of a turn, the value after the final action), 0 at t = T - 1. ``values`` must then hold
+      the critic's values on masked real tokens too (the recipe keeps them on every non-padding token).
+    The running advantage is carried across masked positions in both."""
+    if bootstrap not in BOOTSTRAPS:
+        raise ValueError(f"gae bootstrap must be one of {', '.join(BOOTSTRAPS)}, got {bootstrap!r}")
+    dtype = compute_dtype(rewards, values)
+    r = token_rewards(rewards, response_mask).to(dtype)  # (B, T)
+    m = response_mask.to(dtype)
+    v = values.detach().to(dtype)
     b, t_len = r.shape
-    next_value = torch.zeros(b)
-    running = torch.zeros(b)
-    adv = torch.zeros(b, t_len)
+    next_value = torch.zeros(b, dtype=dtype)
+    running = torch.zeros(b, dtype=dtype)
+    adv = torch.zeros(b, t_len, dtype=dtype)
     for t in reversed(range(t_len)):
+        if bootstrap == "agentgym":
+            next_value = v[:, t + 1] if t + 1 < t_len else torch.zeros(b, dtype=dtype)
         delta = r[:, t] + gamma * next_value - v[:, t]
         candidate = delta + gamma * lam * running
-        next_value = m[:, t] * v[:, t] + (1 - m[:, t]) * next_value  # skip masked positions
+        if bootstrap == "terminal_zero":
+            next_value = m[:, t] * v[:, t] + (1 - m[:, t]) * next_value  # skip masked positions
         running = m[:, t] * candidate + (1 - m[:, t]) * running
         adv[:, t] = running
     return adv * m, (adv + v) * m
@@ -42,27 +60,30 @@ def gae_advantage(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = True,
+    bootstrap: str = "terminal_zero",
 ) -> AdvantageOutput:
     """GAE (verl ``gae``): advantages whitened over the batch's loss tokens; returns = A + V (unwhitened).
 
-    Defaults gamma = lam = 1.0 (verl ``algorithm.gamma`` / ``lam``). Needs a critic (``critic.*``).
+    Defaults gamma = lam = 1.0 (verl ``algorithm.gamma`` / ``lam``); ``bootstrap`` as in :func:`gae`
+    (``agentgym`` = AgentGym-RL's next-position bootstrap). Needs a critic (``critic.*``).
     """
-    adv, returns = gae(rewards, values, response_mask, gamma=gamma, lam=lam)
+    adv, returns = gae(rewards, values, response_mask, gamma=gamma, lam=lam, bootstrap=bootstrap)
     if whiten:
         adv = masked_whiten(adv, response_mask)
     return AdvantageOutput(advantages=adv, returns=returns)
 
 
 def discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Ret_t = sum_{k >= t} gamma^(k - t) r_k over loss tokens, reset across masked positions (B, T)."""
-    r = token_rewards(rewards, response_mask)
-    m = response_mask.float()
-    running = torch.zeros(r.shape[0])
+    """(B, T) Ret_t = r_t + gamma Ret_next over loss tokens, right to left; a masked position (an environment span,
+    padding) passes the running return through unchanged and undiscounted (verl ``reinforce_plus_plus``), and gets 0.
+    """
+    r = token_rewards(rewards, response_mask)  # (B, T)
+    m = response_mask.to(r.dtype)
+    running = torch.zeros(r.shape[0], dtype=r.dtype)
     out = torch.zeros_like(r)
     for t in reversed(range(r.shape[1])):
-        running = r[:, t] + gamma * running
+        running = m[:, t] * (r[:, t] + gamma * running) + (1 - m[:, t]) * running
         out[:, t] = running
-        running = running * m[:, t]
     return out * m
 
 
@@ -85,8 +106,9 @@ def remax_advantage(
     response_mask: torch.Tensor,  # (B, T)
     reward_baselines: torch.Tensor,  # (B,) score of a greedy response to the same prompt
 ) -> AdvantageOutput:
-    """ReMax: A_t = Ret_t - b_i with Ret the reverse cumulative sum of token rewards and b_i the
-    reward of a greedy rollout of the same prompt (the recipe runs it); returns = Ret."""
+    """ReMax: A_t = Ret_t - b_i with Ret the reverse cumulative sum of the masked token rewards (carried across
+    masked spans, as verl's cumsum) and b_i the reward of a greedy rollout of the same prompt (the recipe runs it);
+    returns = Ret."""
     returns = discounted_returns(rewards, response_mask, 1.0)
-    adv = returns - broadcast(reward_baselines.float(), response_mask)
+    adv = returns - broadcast(reward_baselines.to(returns.dtype), response_mask.to(returns.dtype))
     return AdvantageOutput(advantages=adv, returns=returns)
