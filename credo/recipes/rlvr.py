@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from credo.algo import advantage_requirements, compute_advantages, masked_mean, policy_loss_uses_rollout_logprobs
-from credo.algo.advantages import discounted_returns
+from credo.algo.advantages import discounted_returns, token_rewards
 from credo.config import RunConfig
 from credo.data.sampler import prompt_sampler
 from credo.data.source import TaskData, drop_overlong, format_prompts, model_context
@@ -38,6 +38,7 @@ from credo.distributed import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
+from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
                                   save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
 from credo.recipes.stages import (COLLECTOR_KEY, PASS_OUTPUTS, PASS_STATS, apply_reference, build_collector,
@@ -49,7 +50,8 @@ from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.train.batch import collate
 from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_state, save_checkpoint, set_rng_state
-from credo.train.forward import ForwardOptions, batched_logprobs, batched_values
+from credo.train.flow_targets import CriticPassOptions, critic_pass
+from credo.train.forward import ForwardOptions, batched_logprobs
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.stats import Timer
 from credo.train.update import UpdateOptions, update_critic, update_policy
@@ -131,6 +133,7 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
         load_or_build(cfg.model, seed=cfg.seed)
     if cfg.rollout.collector.type != "agent":  # single-turn prompts (agent episodes build theirs from the envs)
         data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
+        data = expand_image_prompts(data, model)  # image examples: <image> widened to the model's image tokens
         data = drop_overlong(data, tokenizer, cfg.task, context=model_context(model),
                              max_new_tokens=cfg.rollout.max_new_tokens)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
@@ -231,8 +234,7 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
         token_stats = {} if fused else old_logprob_pass(cfg, parts, batch, adv_needs, metrics, state, timer)
         if parts.critic is not None:
             with timer("values"):
-                batch.values, batch.value_quantiles = batched_values(parts.critic, batch,
-                                                                     micro_batch_size=cfg.train.micro_batch_size)
+                critic_pass(CriticPassOptions.of(cfg), parts.critic, batch, step=step)  # values (+ the loss's targets)
         rewards = apply_reference(cfg, parts.ref_model, batch, metrics, timer,
                                   parts.collector.rewards(batch, rollouts.trajs))
         adv = advantages(cfg, parts, batch, rollouts, rewards, adv_needs, token_stats, state, timer)
@@ -279,6 +281,7 @@ def advantages(cfg: RunConfig, parts: Parts, batch: TrainBatch, rollouts, reward
         adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
                                  response_mask=batch.response_mask, **inputs, **a.advantage_args)
         batch.advantages, batch.returns, batch.return_quantiles = adv.advantages, adv.returns, adv.return_quantiles
+        batch.token_rewards = token_rewards(rewards, batch.response_mask)  # r_t, for critic losses that bootstrap
         if parts.critic is not None and not {"values", "value_quantiles"} & set(adv_needs):
             # a monitored critic (the estimator does not read it) learns the returns
             batch.returns = discounted_returns(rewards, batch.response_mask, 1.0)

@@ -11,6 +11,7 @@ from pathlib import Path
 from credo.config import RunConfig, load_config
 from credo.data.source import format_prompts, load_task_data
 from credo.models import load_model, load_or_build, save_model
+from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (
     load_data,
     metrics_logger,
@@ -34,6 +35,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
+    data = expand_image_prompts(data, model)
     with reward_runner(cfg, data) as runner, metrics_logger(cfg, run_dir) as logger:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
                                  lean=cfg.rollout.lean_decode)
@@ -54,6 +56,7 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
     data = load_data(cfg, cfg.seed)  # an agent run's are the held-out tasks of its environments
     model, tokenizer = load_model(model_dir, cfg.model)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
+    data = expand_image_prompts(data, model)
     with reward_runner(cfg, data) as runner:
         engine = HFRolloutEngine(model, tokenizer, seed=cfg.seed, max_batch_size=cfg.rollout.max_batch_size,
                                  lean=cfg.rollout.lean_decode)

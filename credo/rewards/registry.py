@@ -70,7 +70,8 @@ def register_reward(name: str, *, batch: bool = False, inline_safe: bool = False
 # Modules whose import registers built-in verifiers. Named, not imported here: the registry sits below them (the
 # agentic verifier, a method package, builds an engine and runs an agent loop), so it resolves them by name.
 BUILTIN_MODULES = ("credo.rewards.verifiers", "credo.rewards.code", "credo.rewards.reward_model",
-                   "credo.methods.agentic_verifier.reward", "credo.rewards.rg_score", "credo.rewards.humaneval")
+                   "credo.methods.agentic_verifier.reward", "credo.rewards.rg_score", "credo.rewards.humaneval",
+                   "credo.data.shapes")
 
 
 def _ensure_builtins() -> None:

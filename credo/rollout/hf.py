@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from credo.models.compat import cache_kwargs, output_cache
+from credo.models.vision import example_pixels, image_token_id, is_vision_model
 from credo.models.tokenizer import encode_prompt
 from credo.rollout.base import OnDone
 from credo.rollout.lean import lean_decoder
@@ -35,6 +36,9 @@ class HFRolloutEngine:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.policy_version = 0  # which policy the weights are (update_weights); recorded on every trajectory
+        # a vision-language policy never samples its image placeholder (a response holding one would not match the
+        # image features); its log-probs are then those of the distribution without it
+        self.banned = torch.tensor([image_token_id(model.config)]) if is_vision_model(model) else None
 
     # -------------------------------------------------------------- protocol
 
@@ -46,7 +50,9 @@ class HFRolloutEngine:
         prompt_ids = [self.encode(ex.prompt) for ex in prompts]
         rows = [(g, ex, ids) for g, (ex, ids) in enumerate(zip(prompts, prompt_ids)) for _ in range(n)]
         on_finish = None if on_done is None else (lambda i, cont: on_done(i, self._trajectory(rows[i], cont)))
-        outs = self.continue_ids([r[2] for r in rows], sampling, on_finish=on_finish, stream=stream)
+        images = example_pixels(prompts)  # (len(prompts), 3, H, W) for a vision-language policy, else None
+        outs = self.continue_ids([r[2] for r in rows], sampling, on_finish=on_finish, stream=stream,
+                                 pixel_values=None if images is None else images.repeat_interleave(n, dim=0))
         return [self._trajectory(row, out) for row, out in zip(rows, outs)]
 
     def state_dict(self) -> dict[str, Any]:
@@ -78,7 +84,8 @@ class HFRolloutEngine:
     def continue_ids(self, prefixes: list[list[int]], sampling: SamplingParams, *, stop_ids: tuple[int, ...] = (),
                      top_logprobs: int = 0, stop_sequences: tuple[tuple[int, ...], ...] = (),
                      on_finish: Callable[[int, Continuation], None] | None = None,
-                     stream: tuple[int, int] | None = None) -> list[Continuation]:
+                     stream: tuple[int, int] | None = None,
+                     pixel_values: torch.Tensor | None = None) -> list[Continuation]:
         """Sample a continuation of every token-id prefix, in batches of ``max_batch_size``.
 
         A row stops after EOS or any ``stop_ids`` token, or once its generated tokens end with one of
@@ -87,7 +94,8 @@ class HFRolloutEngine:
         ``on_finish(index, continuation)`` is called as each row completes, while the others still decode.
         Row i's draw at step t is :func:`uniform_draws` of (key, first_row + i, t): the key is drawn once per call
         from the engine's generator (or ``sampling.seed``'s) unless ``stream=(key, first_row)`` gives it, so how
-        the rows are split into batches or over workers does not change what they sample.
+        the rows are split into batches or over workers does not change what they sample. ``pixel_values``
+        (len(prefixes), 3, H, W): each prefix's image, read at the prefill (vision-language policies).
         """
         if stream is None:
             gen = self.generator
@@ -103,8 +111,10 @@ class HFRolloutEngine:
         try:
             for start in range(0, len(prefixes), self.max_batch_size):
                 notify = None if on_finish is None else (lambda i, c, s=start: on_finish(s + i, c))
-                out.extend(self._decode(prefixes[start : start + self.max_batch_size], sampling, (key, first_row + start), stops,
-                                        top_logprobs, tuple(tuple(q) for q in stop_sequences if q), notify))
+                end = start + self.max_batch_size
+                images = None if pixel_values is None else pixel_values[start:end]
+                out.extend(self._decode(prefixes[start:end], sampling, (key, first_row + start), stops,
+                                        top_logprobs, tuple(tuple(q) for q in stop_sequences if q), notify, images))
         finally:
             self.model.train(was_training)
         return out
@@ -117,7 +127,8 @@ class HFRolloutEngine:
     @torch.no_grad()
     def _decode(self, prefixes: list[list[int]], sp: SamplingParams, stream: tuple[int, int], stops: tuple[int, ...],
                 top_k: int, stop_sequences: tuple[tuple[int, ...], ...] = (),
-                on_finish: Callable[[int, Continuation], None] | None = None) -> list[Continuation]:
+                on_finish: Callable[[int, Continuation], None] | None = None,
+                pixel_values: torch.Tensor | None = None) -> list[Continuation]:
         """Decode every prefix; identical prefixes share one prefill (its KV is copied to each), and finished rows
         leave the batch once a quarter of it has finished (the KV cache is compacted), so no work is spent on them.
         Each (row, step) draws its own uniform number (keyed by ``stream``) whatever the batch holds, so results do
@@ -130,7 +141,7 @@ class HFRolloutEngine:
         finished = torch.zeros(batch, dtype=torch.bool)
         if steps == 0:
             return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
-        cache, attn, logits, active = self._prefill(prefixes)
+        cache, attn, logits, active = self._prefill(prefixes, pixel_values)
         state = self.lean.start(cache, attn, steps) if self.lean is not None else None
         draws = uniform_draws(stream[0], stream[1] + torch.arange(batch), torch.arange(steps))  # (B, steps)
         step_pos = (attn.sum(-1, keepdim=True) - 1)  # (A, 1) position of the last prefix token
@@ -173,12 +184,16 @@ class HFRolloutEngine:
             cache, logits = output_cache(out), out.logits[:, -1, :]
         return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
 
-    def _prefill(self, prefixes: list[list[int]]):
-        """Left-padded prefill of the distinct prefixes, expanded to every row: (cache, attention (B, P),
-        next-token logits (B, V), row indices (B,))."""
-        distinct: dict[tuple[int, ...], int] = {}
-        inverse = torch.tensor([distinct.setdefault(tuple(ids), len(distinct)) for ids in prefixes])
-        uniq = list(distinct)
+    def _prefill(self, prefixes: list[list[int]], pixel_values: torch.Tensor | None = None):
+        """Left-padded prefill of the distinct prefixes (with their images, when given), expanded to every row:
+        (cache, attention (B, P), next-token logits (B, V), row indices (B,))."""
+        distinct: dict[tuple, int] = {}
+        keys = [tuple(ids) for ids in prefixes] if pixel_values is None else \
+            [(tuple(ids), px.numpy().tobytes()) for ids, px in zip(prefixes, pixel_values.cpu())]
+        inverse = torch.tensor([distinct.setdefault(k, len(distinct)) for k in keys])
+        first = torch.full((len(distinct),), len(prefixes), dtype=torch.long)
+        first = first.scatter_reduce(0, inverse, torch.arange(len(prefixes)), reduce="amin")  # a row of each
+        uniq = [prefixes[i] for i in first.tolist()]
         plen = max(len(ids) for ids in uniq)
         input_ids = torch.full((len(uniq), plen), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(uniq), plen), dtype=torch.long)
@@ -188,9 +203,10 @@ class HFRolloutEngine:
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # (U, P)
         cache = DynamicCache(config=self.model.config)
+        images = {} if pixel_values is None else {"pixel_values": pixel_values[first].to(self.device)}
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
                          **cache_kwargs(self.model, cache), use_cache=True,
-                         logits_to_keep=1)  # the next-token logits only, not (U, P, V)
+                         logits_to_keep=1, **images)  # the next-token logits only, not (U, P, V)
         cache, logits = output_cache(out), out.logits[:, -1, :]
         idx = inverse.to(self.device)
         if len(uniq) < len(prefixes):
@@ -224,6 +240,8 @@ class HFRolloutEngine:
     def _sample(self, logits: torch.Tensor, sp: SamplingParams, u: torch.Tensor):
         """(token (A,), its log-prob (A,), full log-probs (A, V)) under the temperature-scaled logits; ``u`` (A,)
         are the rows' uniform draws (inverse-CDF sampling of the top-k / top-p filtered distribution)."""
+        if self.banned is not None:
+            logits = logits.index_fill(-1, self.banned.to(logits.device), float("-inf"))
         if sp.greedy or sp.temperature == 0:
             logprobs = logits.log_softmax(-1)
             tok = logits.argmax(-1)

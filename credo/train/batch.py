@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from credo.models.vision import example_pixels
 from credo.types import Example, RewardResult, TrainBatch, Trajectory
 
 
@@ -10,7 +11,8 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
             ) -> TrainBatch:
     """Left-pad prompts to P, right-pad responses to T (see :class:`TrainBatch` for the layout). The batch records
     how it was sampled: ``temperature`` (the rollouts' sampling temperature) and ``sampled``, False for the rows
-    the engine did not generate (``info["replay"]``: answers replayed from a pool)."""
+    the engine did not generate (``info["replay"]``: answers replayed from a pool), and ``pixel_values`` when the
+    rows' examples carry images (``meta["image"]``, credo.models.vision)."""
     if len(trajs) != len(rewards):
         raise ValueError(f"{len(trajs)} trajectories but {len(rewards)} rewards")
     batch = len(trajs)
@@ -37,6 +39,7 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
         scores=torch.tensor([r.score for r in rewards], dtype=torch.float32),
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long), temperature=temperature,
         sampled=torch.tensor(["replay" not in t.info for t in trajs], dtype=torch.bool),
+        pixel_values=example_pixels([t.example for t in trajs]),  # None unless the rows carry images
     )
 
 

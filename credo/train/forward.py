@@ -16,8 +16,11 @@ from credo.types import TrainBatch
 
 
 def _inputs(batch: TrainBatch, device: torch.device) -> dict[str, torch.Tensor]:
-    return {"input_ids": batch.input_ids.to(device), "attention_mask": batch.attention_mask.to(device),
-            "position_ids": batch.position_ids.to(device)}
+    out = {"input_ids": batch.input_ids.to(device), "attention_mask": batch.attention_mask.to(device),
+           "position_ids": batch.position_ids.to(device)}
+    if batch.pixel_values is not None:  # a vision-language policy: the rows' images (consumed at the prompt)
+        out["pixel_values"] = batch.pixel_values.to(device)
+    return out
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOpti
     (hidden (N, H), labels (N,), valid (B, T) bool)."""
     device = next(model.parameters()).device
     if opts.pack:
+        if batch.pixel_values is not None:
+            raise ValueError("train.pack: not implemented with images (packing does not order the images with "
+                             "their token blocks); set train.pack=false")
         packed = pack(batch, opts.row_tokens or 0)
         out = model.base_model(input_ids=packed.input_ids.to(device), position_ids=packed.position_ids.to(device),
                                attention_mask=None, use_cache=False).last_hidden_state  # (R, S, H)
@@ -88,7 +94,10 @@ def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOpti
 def shared_prompts(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(first row of each distinct prompt (U,), each row's prompt index (B,)), or None when no two rows share one."""
     p = batch.prompt_len
-    key = torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p], batch.position_ids[:, :p]], dim=1)
+    parts = [batch.input_ids[:, :p], batch.attention_mask[:, :p], batch.position_ids[:, :p]]
+    if batch.pixel_values is not None:  # a prompt is its tokens and its image (float32 bits compared exactly)
+        parts.append(batch.pixel_values.float().flatten(1).contiguous().view(torch.int32).long())
+    key = torch.cat(parts, dim=1)
     uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
     if len(uniq) == batch.batch_size:
         return None
@@ -112,8 +121,9 @@ def shared_prompt_hidden(model: torch.nn.Module, batch: TrainBatch, first: torch
     ids, attn, pos = (x.to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
     rows = first.to(device)
     cache = DynamicCache(config=model.config)
+    images = {} if batch.pixel_values is None else {"pixel_values": batch.pixel_values.to(device)[rows]}
     out = model.base_model(input_ids=ids[rows, :p], attention_mask=attn[rows, :p], position_ids=pos[rows, :p],
-                           **cache_kwargs(model.base_model, cache), use_cache=True)
+                           **cache_kwargs(model.base_model, cache), use_cache=True, **images)
     index = inverse.to(device)
     first_hidden = out.last_hidden_state[:, -1][index].unsqueeze(1)  # (B, 1, H): predicts response token 0
     if t == 1:
@@ -211,6 +221,8 @@ def trim(mb: TrainBatch) -> TrainBatch:
         v = getattr(mb, name)
         if name in ("input_ids", "attention_mask", "position_ids"):
             v = v[:, left : p + t]
+        elif name == "pixel_values":  # per row, not per column
+            pass
         elif isinstance(v, torch.Tensor) and v.dim() >= 2:  # (B, T) and (B, T, M) response tensors
             v = v[:, :t]
         out[name] = v

@@ -284,7 +284,8 @@ def update_critic(opts: UpdateOptions, critic, batch: TrainBatch, optimizer, sch
             inputs = {"values": out.values, "quantiles": out.quantiles, "kl": out.kl, "aux": out.aux,
                       "old_values": micro.values, "returns": micro.returns,
                       "return_quantiles": micro.return_quantiles, "ref_entropy": micro.ref_entropy,
-                      "ref_logprobs": micro.ref_logprobs}
+                      "ref_logprobs": micro.ref_logprobs, "flow": out.flow, "flow_targets": micro.flow_targets,
+                      "flow_weights": micro.flow_weights, "token_rewards": micro.token_rewards}
             loss = compute_critic_loss(c.loss, response_mask=micro.response_mask, agg=opts.loss.agg, norm=norm,
                                        inputs=inputs, **c.loss_args)
             loss.loss.backward()

@@ -6,11 +6,12 @@
 - ``evpo`` (explained-variance gate between critic and group baseline, :mod:`.evpo`)
 - ``papo`` (entropy-polarity reweighting, :mod:`.papo`)
 - ``dvpo`` (distributional GAE over a quantile critic, mean over quantiles, :mod:`.dvpo`)
+- ``dfpo`` (GAE on a flow critic's value readout or its CVaR, plus the quantile targets, :mod:`.dfpo`)
 - ``attnrl`` (tree segment advantages of AttnRL / TreeRL rollout trees, :mod:`.tree`)
 - ``optimal_token_baseline``, ``tir_optimal_token_baseline`` (energy-weighted per-token group baseline, :mod:`.otb`)
 - ``gdpo`` (per-component group normalisation, weighted sum, batch whitening, :mod:`.gdpo`)
 """
-from credo.algo.advantages import dvpo, evpo, gdpo, otb, outcome, papo, returns, tree  # noqa: F401  (registration)
+from credo.algo.advantages import dfpo, dvpo, evpo, gdpo, otb, outcome, papo, returns, tree  # noqa: F401 (registry)
 from credo.algo.advantages.common import (
     broadcast,
     explained_variance,

@@ -1,4 +1,5 @@
-"""``credo rm train``'s config: its root :class:`RmRunConfig` and its ``rm`` section (``birm``: :mod:`credo.methods.birm.config`)."""
+"""``credo rm train``'s config: its root :class:`RmRunConfig` and its ``rm`` section (``birm``:
+:mod:`credo.methods.birm.config`; ``idrm``: :mod:`credo.methods.idrm.config`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,13 +8,16 @@ from credo.config.fields import opt
 from credo.config.schema import (DistributedConfig, LogConfig, ModelConfig, RewardConfig, RolloutConfig, TaskConfig,
                                  TrainConfig, WarmStartConfig)
 from credo.methods.birm.config import BiRMConfig
+from credo.methods.idrm.config import IDRMConfig
 
 
 @dataclass
 class RewardModelConfig:
     method: str = opt("bt", "credo rm train: bt = one Bradley-Terry reward model; crm = two peer-reviewing models "
-                      "(CRM); birm = BiRM's process reward model on self-labelled steps (birm.*; "
-                      "docs/reward_models.md)", choices=("bt", "crm", "birm"))
+                      "(CRM); birm = BiRM's process reward model on self-labelled steps (birm.*); idrm = Interaction "
+                      "Distillation, BT plus attention alignment to a cross-encoder teacher (idrm.*; "
+                      "interaction_distillation is the same; docs/reward_models.md)",
+                      choices=("bt", "crm", "birm", "idrm", "interaction_distillation"))
     train_file: str | None = opt(None, "JSONL preference pairs (prompt, chosen, rejected); null = generated from task")
     eval_file: str | None = opt(None, "held-out JSONL pairs; null = generated from task (or 10% of train_file)")
     pairs: int = opt(4000, "generated training pairs (one per task example)", min=1)
@@ -36,10 +40,14 @@ class RewardModelConfig:
                              min=0.0, max=1.0)
     curriculum: bool = opt(True, "crm: order pairs easy to hard by the two models' mean margin each pass")
 
+    def __post_init__(self) -> None:
+        if self.method == "interaction_distillation":  # the long name of idrm
+            self.method = "idrm"
+
 
 @dataclass
 class RmRunConfig:
-    """The config root of ``credo rm train``: the sections it reads, plus ``rm`` and ``birm``."""
+    """The config root of ``credo rm train``: the sections it reads, plus ``rm``, ``birm`` and ``idrm``."""
 
     seed: int = opt(0, "global seed")
     output_dir: str = opt("runs", "parent directory of run directories")
@@ -54,3 +62,4 @@ class RmRunConfig:
     distributed: DistributedConfig = opt(None, factory=DistributedConfig)
     rm: RewardModelConfig = opt(None, factory=RewardModelConfig)
     birm: BiRMConfig = opt(None, factory=BiRMConfig)
+    idrm: IDRMConfig = opt(None, factory=IDRMConfig)

@@ -105,3 +105,20 @@ def generate_pairs(task: str, params: dict, *, train_size: int, eval_size: int, 
 
 def _score(verify, response: str, ex: Example) -> float:
     return float(verify(response, ex).score)
+
+
+def preference_data(cfg) -> tuple[list[PreferencePair], list[PreferencePair], list]:
+    """(training pairs, held-out pairs, bad rows) of a ``credo rm train`` config: from ``rm.train_file`` /
+    ``rm.eval_file`` or generated."""
+    r = cfg.rm
+    if r.train_file is None:
+        train, held_out = generate_pairs(cfg.task.name, cfg.task.params, train_size=r.pairs,
+                                         eval_size=r.eval_pairs, seed=cfg.seed, noise=r.noise)
+        return train, held_out, []
+    train, bad = load_pairs(r.train_file)
+    if r.eval_file is not None:
+        held_out, bad_eval = load_pairs(r.eval_file)
+        return train, held_out, bad + bad_eval
+    shuffled = random.Random(cfg.seed).sample(train, len(train))
+    n_eval = max(1, len(train) // 10)
+    return shuffled[n_eval:], shuffled[:n_eval], bad

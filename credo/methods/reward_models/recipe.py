@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 
 from credo.config import RunConfig
-from credo.methods.reward_models.pairs import PreferencePair, generate_pairs, load_pairs
+from credo.methods.reward_models.pairs import preference_data
 from credo.data.source import load_task_data
 from credo.models import ValueModel, load_or_build
 from credo.models.implicit import ImplicitRewardModel
@@ -36,6 +35,10 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = F
         from credo.methods.birm.recipe import birm_train
 
         return birm_train(cfg, run_dir=run_dir, overwrite=overwrite)
+    if r.method == "idrm":  # BT with attention alignment to a cross-encoder teacher: its own recipe
+        from credo.methods.idrm.recipe import idrm_train
+
+        return idrm_train(cfg, run_dir=run_dir, overwrite=overwrite)
     if run_dir is None and cfg.run_name is None:
         cfg.run_name = f"{cfg.task.name}-rm-{r.method}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
@@ -98,19 +101,3 @@ def new_reward_model(cfg: RunConfig, policy, index: int):
         with torch.no_grad():
             model.value_head.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(cfg.seed * 1009 + index))
     return model
-
-
-def preference_data(cfg: RunConfig) -> tuple[list[PreferencePair], list[PreferencePair], list]:
-    """(training pairs, held-out pairs, bad rows): from ``rm.train_file`` / ``rm.eval_file`` or generated."""
-    r = cfg.rm
-    if r.train_file is None:
-        train, held_out = generate_pairs(cfg.task.name, cfg.task.params, train_size=r.pairs,
-                                         eval_size=r.eval_pairs, seed=cfg.seed, noise=r.noise)
-        return train, held_out, []
-    train, bad = load_pairs(r.train_file)
-    if r.eval_file is not None:
-        held_out, bad_eval = load_pairs(r.eval_file)
-        return train, held_out, bad + bad_eval
-    shuffled = random.Random(cfg.seed).sample(train, len(train))
-    n_eval = max(1, len(train) // 10)
-    return shuffled[n_eval:], shuffled[:n_eval], bad

@@ -25,3 +25,10 @@ class VepoSelectConfig:
                      "unselected tokens zeroed (loss mask kept); reweight = advantages times score / mean score",
                      choices=("mask", "advantage_mask", "reweight"))
     max_weight: float = opt(3.0, "apply=reweight: cap of the per-token weights", min=0.0)
+    image_perturb: str = opt("gaussian", "image batches (vision-language policies): perturbation of each image's "
+                             "raw pixels: gaussian, patch_blacken, grey, blur, resample, or module:function "
+                             "(credo.methods.vepo.image)")
+    image_perturb_args: dict = opt(None, "image perturbation keyword arguments (gaussian: {std: 0.74}; patch_blacken: "
+                                   "{patch: 8, prob: 0.5}; grey: {value: 0.5}; blur: {radius: 6})", factory=dict)
+    image_regions: str = opt("whole", "where the image is perturbed: whole = the whole image; meta = the queried "
+                             "object's boxes (Example.meta['regions'])", choices=("whole", "meta"))

@@ -17,9 +17,9 @@ replaced by a filler). Any ``module:function`` with the same signature is accept
 
 Other modalities plug into the same hook: for a vision-language model the grounding input is the image, the
 "spans" are its regions (or the whole image), and the perturbation returns noised pixels
-(``perturb(pixels, regions, rng, std=...) -> pixels``). VEPO's forward (:mod:`credo.methods.vepo.select`) only needs a
-second batch whose grounding input is perturbed and whose response tokens are unchanged; credo has no
-vision-language model, so only the text path is built.
+(``perturb(pixels, regions, rng, std=...) -> pixels``, :mod:`credo.methods.vepo.image`). VEPO's forward
+(:mod:`credo.methods.vepo.select`) only needs a second batch whose grounding input is perturbed and whose response
+tokens are unchanged.
 """
 from __future__ import annotations
 

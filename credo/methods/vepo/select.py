@@ -2,6 +2,7 @@
 
     prompts'   = perturb(prompt, grounding spans, rng(seed, step, row))      # credo.methods.vepo.grounding
     perturbed  = the batch with prompts' (re-tokenised), the same responses
+                 (images: the same input_ids, each image perturbed instead: credo.methods.vepo.image)
     p, q       = the policy's next-token distributions on batch and perturbed  (no grad, micro-batched)
     JSD, H(p), H(q) per response token                                          # credo.methods.vepo.algo
     Vis, score = Vis * H(p), selection / weights -> the batch the policy update sees
@@ -25,6 +26,8 @@ from credo.train.batch import collate
 from credo.train.forward import (ForwardOptions, _lm_head, _pad_to, _scatter, in_forward, response_hidden,
                                  response_logits, trim)
 from credo.methods.vepo.grounding import example_spans, get_perturbation, perturbation_rng
+from credo.methods.vepo.image import perturb_images
+from credo.models.vision import normalize_pixels, raw_pixels
 from credo.train.packing import valid_responses
 from credo.train.stats import Timer
 from credo.train.token_select import SelectorNeeds
@@ -79,6 +82,17 @@ def perturbed_batch(trajs: list[Trajectory], prompts: list[str], tokenizer) -> T
     return collate(rows, [RewardResult(0.0)] * len(rows), pad_id=tokenizer.pad_token_id)
 
 
+def perturbed_image_batch(batch: TrainBatch, trajs: list[Trajectory], *, perturb: str, perturb_args: dict,
+                          regions: str, seed: int, step: int) -> TrainBatch:
+    """The batch with each row's image perturbed (raw pixels in [0, 1], then normalised), deterministically per
+    (seed, step, row); ``input_ids`` and everything else unchanged (credo.methods.vepo.image)."""
+    examples = [t.example for t in trajs]
+    raw = raw_pixels([ex.meta["image"] for ex in examples])  # (B, 3, H, W) in [0, 1]
+    noisy = perturb_images(raw, [ex.meta for ex in examples], perturb=perturb, perturb_args=perturb_args,
+                           regions=regions, seed=seed, step=step)
+    return dataclasses.replace(batch, pixel_values=normalize_pixels(noisy).to(batch.pixel_values.dtype))
+
+
 def _micro_grounding(model, intact: TrainBatch, perturbed: TrainBatch, temperature: float, opts: ForwardOptions):
     """(jsd, entropy, entropy_perturbed), each (b, t), of one micro-batch (same rows, same responses)."""
     if opts.chunk_size == 0 and not opts.pack:
@@ -102,6 +116,9 @@ def grounding_stats(model, intact: TrainBatch, perturbed: TrainBatch, *, tempera
     """No-grad JSD and entropies of the intact vs perturbed forward per response token, on the CPU."""
     if intact.batch_size != perturbed.batch_size or not torch.equal(intact.responses, perturbed.responses):
         raise ValueError("VEPO: the perturbed batch must hold the same responses as the intact one")
+    if (intact.pixel_values is None) != (perturbed.pixel_values is None) or (
+            intact.pixel_values is not None and intact.pixel_values.shape != perturbed.pixel_values.shape):
+        raise ValueError("VEPO: the perturbed batch must hold images of the intact batch's shape")
     was_training = model.training
     model.eval()
     width = intact.responses.shape[1]
@@ -168,18 +185,27 @@ def vepo_step(v, model, tokenizer, batch: TrainBatch, trajs: list[Trajectory], *
               temperature: float, micro_batch_size: int | None, opts: ForwardOptions,
               offset: int = 0) -> tuple[TrainBatch, dict[str, float]]:
     """The batch the policy update sees under VEPO config ``v`` (a
-    :class:`credo.methods.vepo.config.VepoSelectConfig`), and the step's ``vepo/*`` metrics."""
-    prompts = perturbed_prompts(trajs, perturb=v.perturb, perturb_args=v.perturb_args, seed=seed, step=step,
-                                offset=offset)
-    stats = grounding_stats(model, batch, perturbed_batch(trajs, prompts, tokenizer), temperature=temperature,
-                            micro_batch_size=micro_batch_size, opts=opts)
+    :class:`credo.methods.vepo.config.VepoSelectConfig`), and the step's ``vepo/*`` metrics. A batch with images
+    (``pixel_values``) perturbs the images (``v.image_perturb``) and keeps the prompts; a text batch perturbs the
+    prompts' grounding spans (``v.perturb``)."""
+    if batch.pixel_values is not None:
+        perturbed = perturbed_image_batch(batch, trajs, perturb=v.image_perturb, perturb_args=v.image_perturb_args,
+                                          regions=v.image_regions, seed=seed, step=step)
+        changed = int((perturbed.pixel_values != batch.pixel_values).flatten(1).any(-1).sum())
+    else:
+        prompts = perturbed_prompts(trajs, perturb=v.perturb, perturb_args=v.perturb_args, seed=seed, step=step,
+                                    offset=offset)
+        perturbed = perturbed_batch(trajs, prompts, tokenizer)
+        # rows whose perturbation changed nothing (e.g. shuffling "aaa") carry no grounding signal
+        changed = sum(p != t.example.prompt for p, t in zip(prompts, trajs))
+    stats = grounding_stats(model, batch, perturbed, temperature=temperature, micro_batch_size=micro_batch_size,
+                            opts=opts)
     mask = batch.response_mask
     sel = select(stats, mask, top_fraction=v.top_fraction, jsd_weight=v.jsd_weight, gap_weight=v.gap_weight,
                  normalize=v.normalize, scope=v.scope, apply=v.apply, max_weight=v.max_weight)
     metrics = selection_metrics(stats, sel, mask, v.apply)
-    # rows whose perturbation changed nothing (e.g. shuffling "aaa") carry no grounding signal
-    changed = sum(p != t.example.prompt for p, t in zip(prompts, trajs))
-    metrics["vepo/prompt_changed_frac"] = changed / max(len(trajs), 1)
+    key = "vepo/image_changed_frac" if batch.pixel_values is not None else "vepo/prompt_changed_frac"
+    metrics[key] = changed / max(len(trajs), 1)
     return apply_selection(batch, sel, v.apply), metrics
 
 
