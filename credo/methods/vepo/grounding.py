@@ -44,21 +44,26 @@ def register_perturbation(name: str) -> Callable[[Perturbation], Perturbation]:
     return deco
 
 
-def get_perturbation(name: str) -> Perturbation:
-    """A registered perturbation, or ``module:function``; an unknown name is a KeyError."""
-    if name in PERTURBATIONS:
-        return PERTURBATIONS[name]
+def lookup_callable(table: dict[str, Callable], name: str, kind: str) -> Callable:
+    """``table[name]``, or ``module:function`` imported; an unknown or non-callable name is a KeyError naming
+    ``kind`` and the built-ins (shared by the text and image perturbation registries)."""
+    if name in table:
+        return table[name]
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            raise KeyError(f"perturbation {name!r}: cannot import it ({exc})") from None
+            raise KeyError(f"{kind} {name!r}: cannot import it ({exc})") from None
         if not callable(fn):
-            raise KeyError(f"perturbation {name!r} is not callable")
+            raise KeyError(f"{kind} {name!r} is not callable")
         return fn
-    raise KeyError(f"unknown perturbation {name!r}; built-in: {', '.join(sorted(PERTURBATIONS))}, "
-                   "or module:function")
+    raise KeyError(f"unknown {kind} {name!r}; built-in: {', '.join(sorted(table))}, or module:function")
+
+
+def get_perturbation(name: str) -> Perturbation:
+    """A registered perturbation, or ``module:function``; an unknown name is a KeyError."""
+    return lookup_callable(PERTURBATIONS, name, "perturbation")
 
 
 def check_perturbation_args(name: str, args: dict[str, Any]) -> None:

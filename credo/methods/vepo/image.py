@@ -25,13 +25,14 @@ seeded from (run seed, step, row) (:func:`image_rng`), so a rerun perturbs ident
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import random
 from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from credo.methods.vepo.grounding import lookup_callable
 
 Boxes = list[list[int]]
 ImagePerturbation = Callable[..., torch.Tensor]
@@ -49,18 +50,7 @@ def register_image_perturbation(name: str) -> Callable[[ImagePerturbation], Imag
 
 def get_image_perturbation(name: str) -> ImagePerturbation:
     """A registered image perturbation, or ``module:function``; an unknown name is a KeyError."""
-    if name in IMAGE_PERTURBATIONS:
-        return IMAGE_PERTURBATIONS[name]
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise KeyError(f"image perturbation {name!r}: cannot import it ({exc})") from None
-        if callable(fn):
-            return fn
-    raise KeyError(f"unknown image perturbation {name!r}; built-in: {', '.join(sorted(IMAGE_PERTURBATIONS))}, "
-                   "or module:function")
+    return lookup_callable(IMAGE_PERTURBATIONS, name, "image perturbation")
 
 
 def check_image_perturbation_args(name: str, args: dict[str, Any]) -> None:
