@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from credo.config.fields import choice, opt, type_key
+from credo.guards import GuardsConfig
 from credo.methods.rlep.config import ReplayConfig
 
 # the options of the choice sections (type -> "module:Class"; credo.config.fields.register_choice adds one)
@@ -382,6 +383,8 @@ class RunConfig:
     checkpoint: CheckpointConfig = opt(None, factory=CheckpointConfig)
     log: LogConfig = opt(None, factory=LogConfig)
     distributed: DistributedConfig = opt(None, factory=DistributedConfig)
+    guards: GuardsConfig = opt(None, "runtime guards (credo.guards): each error | warn | off, counted as "
+                               "guard/<name>_trips", factory=GuardsConfig)
     token_select: Any = choice("none", TOKEN_SELECTORS, "which response tokens the policy loss credits: none = all, "
                                "entropy = the top-entropy forking tokens, vepo = VEPO's grounding-sensitive ones")
     replay: ReplayConfig | None = opt(None, "RLEP experience replay (credo.methods.rlep): null = off, or a section "

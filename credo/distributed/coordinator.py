@@ -40,6 +40,7 @@ class RolloutCoordinator:
         self.model = self.engine = self.runner = self.collector = None
         self.pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
         self.served_version = -1  # the policy version the rollout engine serves
+        self.guards = None  # credo.guards.Guards (attach)
         self.replica = None  # FSDP2: an unsharded copy of the policy, loaded with the whole weights to save them
 
     @classmethod
@@ -64,8 +65,9 @@ class RolloutCoordinator:
         """This rank's view of the prompt sampler: its share of each batch when sharded."""
         return ShardedSampler(sampler, self.dp) if self.shard else sampler
 
-    def attach(self, *, model, engine, runner, collector) -> None:
+    def attach(self, *, model, engine, runner, collector, guards=None) -> None:
         self.model, self.engine, self.runner, self.collector = model, engine, runner, collector
+        self.guards = guards  # credo.guards.Guards: the weight_sync guard runs after every sync
 
     # ------------------------------------------------------------------ the step
 

@@ -29,22 +29,22 @@ from typing import Any
 
 import torch
 
-from credo.algo import advantage_requirements, compute_advantages, masked_mean, policy_loss_uses_rollout_logprobs
+from credo.algo import advantage_requirements, compute_advantages, masked_mean
 from credo.algo.advantages import discounted_returns, token_rewards
 from credo.config import RunConfig
 from credo.data.sampler import prompt_sampler
 from credo.data.source import TaskData, drop_overlong, format_prompts, model_context
 from credo.distributed import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
+from credo.guards import Guards
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
 from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
                                   save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
-from credo.recipes.stages import (COLLECTOR_KEY, PASS_OUTPUTS, PASS_STATS, apply_reference, build_collector,
-                                  build_token_selector, collector_state, estimator_rollout_weights, greedy_baselines,
-                                  load_reference, needs_critic, needs_old_logprob_pass, needs_reference, new_critic,
-                                  reward_components, shardable, step_metrics, trajectory_inputs)
+from credo.recipes.stages import (COLLECTOR_KEY, PASS_STATS, advantage_inputs, apply_reference, build_collector,
+                                  build_token_selector, collector_state, fuse_old_logprobs, load_reference,
+                                  needs_critic, needs_reference, new_critic, shardable, step_metrics)
 from credo.tracking.dump import rollout_records
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
@@ -92,6 +92,7 @@ class Parts:
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: Any = None
+    guards: Guards = field(default_factory=Guards)  # the runtime guards (credo.guards), their counters in every step
 
 
 # ============================================================================ entry point
@@ -167,10 +168,11 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
     sampler = rollout.sampler(prompt_sampler(data.train, seed=cfg.seed, curriculum=cfg.task.curriculum))
     collector = build_collector(cfg, engine=engine, runner=runner, model=model, tokenizer=tokenizer, data=data,
                                 sampler=sampler, run_dir=run_dir)
-    rollout.attach(model=model, engine=engine, runner=runner, collector=collector)
+    guards = Guards(cfg.guards)
+    rollout.attach(model=model, engine=engine, runner=runner, collector=collector, guards=guards)
     return Parts(model=model, tokenizer=tokenizer, engine=engine, runner=runner, optimizer=optimizer,
                  scheduler=_scheduler(cfg, optimizer), data=data, logger=logger, collector=collector,
-                 selector=build_token_selector(cfg, model, tokenizer), rollout=rollout, dp=dp)
+                 selector=build_token_selector(cfg, model, tokenizer), rollout=rollout, dp=dp, guards=guards)
 
 
 def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
@@ -239,7 +241,8 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
                                   parts.collector.rewards(batch, rollouts.trajs))
         adv = advantages(cfg, parts, batch, rollouts, rewards, adv_needs, token_stats, state, timer)
         updates(cfg, parts, state, batch, rollouts.trajs, metrics, timer, step=step, fused=fused)
-    metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step))
+    metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step)
+                   | parts.guards.metrics())
     every = cfg.log.rollouts_every
     if every and (step + 1) % every == 0:
         for row in rollout_records(batch, rollouts.trajs, rollouts.results, parts.tokenizer):
@@ -320,38 +323,8 @@ def shard_policy_of(cfg: RunConfig, parts: Parts) -> None:
     parts.scheduler = _scheduler(cfg, parts.optimizer)
 
 
-def advantage_inputs(cfg: RunConfig, parts: Parts, batch: TrainBatch, rollouts, needs: tuple[str, ...],
-                     token_stats: dict[str, torch.Tensor], state: RunState, timer: Timer) -> dict[str, Any]:
-    """The optional inputs the configured estimator declares it needs, and only those; plus the rollout-correction
-    weights for an estimator that accepts them, when ``algo.rollout_correction`` is on."""
-    trajs = rollouts.trajs
-    providers = {
-        "values": lambda: batch.values,
-        "value_quantiles": lambda: batch.value_quantiles,
-        "entropy_direction": lambda: token_stats["entropy_direction"],
-        "sum_pi_squared": lambda: token_stats["sum_pi_squared"],
-        "old_logprobs": lambda: batch.old_logprobs,
-        "entropy_history": lambda: list(state.entropy_history),
-        "reward_baselines": lambda: greedy_baselines(parts.rollout, trajs, timer,
-                                                     max_new_tokens=cfg.rollout.max_new_tokens),
-        "reward_components": lambda: reward_components(rollouts.results),
-        **trajectory_inputs(trajs),  # inputs each row carries from its collector
-    }
-    return {name: providers[name]() for name in needs} | estimator_rollout_weights(cfg, batch)
 
 
-def fuse_old_logprobs(cfg: RunConfig, parts: Parts, adv_needs: tuple[str, ...], batch_size: int) -> bool:
-    """Whether the old-log-prob pass can be skipped: no reference KL on old log-probs, no estimator that reads the
-    pass's outputs, no critic (whose warm-up steps skip the policy update), not one-step-off, and neither the
-    collector nor the token selector needs the pass (``needs``: e.g. rows the engine did not sample, a selection made
-    from the behaviour policy before the update); and either one optimizer step on the whole batch (so the policy
-    has not moved when the loss is computed) or a loss whose old log-probs are the sampler's (verl's bypass mode)."""
-    t = cfg.train
-    one_step = t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
-    return (t.old_logprob_pass == "auto" and (one_step or policy_loss_uses_rollout_logprobs(cfg.algo.policy_loss))
-            and parts.ref_model is None and not PASS_OUTPUTS & set(adv_needs)
-            and parts.critic is None and not cfg.rollout.one_step_off
-            and not needs_old_logprob_pass(parts.collector, parts.selector))
 
 
 def attach_critic(cfg: RunConfig, parts: Parts, critic: ValueModel) -> None:
@@ -385,7 +358,7 @@ def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
     saved = parts.rollout.state_dict()
     saved |= {"run": copy.deepcopy(state.__dict__), "optimizer": parts.optimizer.state_dict(),
               "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
-              COLLECTOR_KEY: parts.collector.state_dict()}
+              COLLECTOR_KEY: parts.collector.state_dict(), "guards": parts.guards.state_dict()}
     if parts.critic is not None:
         saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
         saved["critic_scheduler"] = parts.critic_scheduler.state_dict()
@@ -404,6 +377,7 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
         parts.critic_optimizer.load_state_dict(saved["critic_optimizer"])
         parts.critic_scheduler.load_state_dict(saved["critic_scheduler"])
     set_rng_state(saved["rng"])
+    parts.guards.load_state_dict(saved.get("guards", {}))
     log.info("resumed from %s (step %d)", ckpt, saved["run"]["step"])
     known = RunState.__dataclass_fields__  # older run states held fields that moved (into the collector's state)
     state = RunState(**{k: v for k, v in saved["run"].items() if k in known})

@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from credo.algo import advantage_accepts, advantage_requirements, kl_penalty, masked_mean, policy_loss_requirements
+from credo.algo import (advantage_accepts, advantage_requirements, kl_penalty, masked_mean, policy_loss_requirements,
+                        policy_loss_uses_rollout_logprobs)
 from credo.algo.advantages import explained_variance, token_rewards
 from credo.algo.critic import critic_loss_requirements
 from credo.algo.rollout_correction import rollout_is_weights
@@ -279,3 +280,37 @@ def step_metrics(batch: TrainBatch, trajs, timer: Timer, *, step: int) -> dict[s
         out["critic/vf_explained_var"] = explained_variance(batch.returns, batch.values, batch.response_mask)
         out["critic/values_mean"] = float(masked_mean(batch.values, batch.response_mask))
     return out
+
+
+def advantage_inputs(cfg: RunConfig, parts, batch: TrainBatch, rollouts, needs: tuple[str, ...],
+                     token_stats: dict[str, torch.Tensor], state, timer: Timer) -> dict[str, Any]:
+    """The optional inputs the configured estimator declares it needs, and only those; plus the rollout-correction
+    weights for an estimator that accepts them, when ``algo.rollout_correction`` is on."""
+    trajs = rollouts.trajs
+    providers = {
+        "values": lambda: batch.values,
+        "value_quantiles": lambda: batch.value_quantiles,
+        "entropy_direction": lambda: token_stats["entropy_direction"],
+        "sum_pi_squared": lambda: token_stats["sum_pi_squared"],
+        "old_logprobs": lambda: batch.old_logprobs,
+        "entropy_history": lambda: list(state.entropy_history),
+        "reward_baselines": lambda: greedy_baselines(parts.rollout, trajs, timer,
+                                                     max_new_tokens=cfg.rollout.max_new_tokens),
+        "reward_components": lambda: reward_components(rollouts.results),
+        **trajectory_inputs(trajs),  # inputs each row carries from its collector
+    }
+    return {name: providers[name]() for name in needs} | estimator_rollout_weights(cfg, batch)
+
+
+def fuse_old_logprobs(cfg: RunConfig, parts, adv_needs: tuple[str, ...], batch_size: int) -> bool:
+    """Whether the old-log-prob pass can be skipped: no reference KL on old log-probs, no estimator that reads the
+    pass's outputs, no critic (whose warm-up steps skip the policy update), not one-step-off, and neither the
+    collector nor the token selector needs the pass (``needs``: e.g. rows the engine did not sample, a selection made
+    from the behaviour policy before the update); and either one optimizer step on the whole batch (so the policy
+    has not moved when the loss is computed) or a loss whose old log-probs are the sampler's (verl's bypass mode)."""
+    t = cfg.train
+    one_step = t.ppo_epochs == 1 and (t.mini_batch_size or batch_size) >= batch_size
+    return (t.old_logprob_pass == "auto" and (one_step or policy_loss_uses_rollout_logprobs(cfg.algo.policy_loss))
+            and parts.ref_model is None and not PASS_OUTPUTS & set(adv_needs)
+            and parts.critic is None and not cfg.rollout.one_step_off
+            and not needs_old_logprob_pass(parts.collector, parts.selector))
