@@ -59,6 +59,8 @@ class Trajectory:
     turns: list[tuple[int, int]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     policy_version: int = 0  # the policy (optimizer steps taken) whose weights sampled this response
+    # partial rollouts (rollout.partial): the policy version of each response token (empty: all policy_version)
+    token_versions: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class TrainBatch:
     group_ids: torch.Tensor  # (B,) long
     old_logprobs: torch.Tensor | None = None  # (B, T)
     ref_logprobs: torch.Tensor | None = None  # (B, T)
+    teacher_logprobs: torch.Tensor | None = None  # (B, T) on-policy distillation's teacher (credo.methods.distill)
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
     entropy: torch.Tensor | None = None  # (B, T) from the old-log-prob pass

@@ -223,7 +223,7 @@ def test_interrupted_stepwise_run_resumes_to_the_same_metrics(tmp_path: Path, mo
 
 
 AGENT_PRESETS = ["agent_calc", "agent_maze", "agent_wordle", "agent_scaling_inter", "agent_mixture",
-                 "agent_sequential", "agent_cross_env", "agent_arpo", "agent_aepo", "agent_toolgraph"]
+                 "agent_sequential", "agent_cross_env", "agent_arpo", "agent_aepo", "agent_toolgraph", "agent_tools"]
 
 
 def test_every_agent_preset_runs_through_the_cli(tmp_path: Path):

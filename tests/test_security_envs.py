@@ -536,7 +536,7 @@ def test_training_client_takes_the_token_from_the_environment_only(monkeypatch):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["nope"], "unknown environment 'nope'; registered: calc, maze"),
+    (["nope"], "unknown environment 'nope'; registered: calc, calc_tools, maze"),
     (["maze", "size=abc"], "size='abc' must be an integer"),
     (["maze", "size=1"], "size=1 must be in [2, 64]"),
     (["maze", "wall_fraction=0.9"], "wall_fraction=0.9 must be in [0.0, 0.5]"),

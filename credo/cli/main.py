@@ -1,4 +1,5 @@
-"""The ``credo`` command line: train | sft | eval | compare | report | list | rm | rlep | sandbox | env | model.
+"""The ``credo`` command line: train | sft | eval | export | compare | report | inspect | list | rm | rlep | sandbox |
+env | model.
 
 Every command that takes a configuration accepts ``--config PRESET`` (a YAML file or a preset
 name from ``configs/``) and any number of ``key=value`` overrides (``train.lr=1e-3``). A bad
@@ -6,8 +7,9 @@ configuration is reported in one line naming the key, with exit code 2, before a
 
 Errors: a bad setting or a check of :mod:`credo.config.preflight` (device, model directory, vLLM, reward module,
 run directory permissions) is one line and exit 2, before the run directory exists; a missing file, an existing
-run, a data or other input error is one line and exit 1; anything else is a bug and keeps its traceback. With
-``CREDO_DEBUG=1`` the one-line errors show their traceback too.
+run, a data or other input error, a runtime guard in error mode (``credo: guard error: ...``) is one line and
+exit 1; anything else is a bug and keeps its traceback. With ``CREDO_DEBUG=1`` the one-line errors show their
+traceback too.
 """
 from __future__ import annotations
 
@@ -21,8 +23,11 @@ from pathlib import Path
 from credo.cli.common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
 from credo.config.preflight import preflight
+from credo.guards import GuardError
 from credo.methods.reward_models import cli as rm_cli
+from credo.inspect import cli as inspect_cli
 from credo.methods.rlep import cli as rlep_cli
+from credo.cli import export as export_cli
 
 EXIT_CONFIG = 2
 
@@ -49,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         _debug_traceback()
         print(f"credo: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONFIG
+    except GuardError as exc:  # a runtime guard in error mode (credo.guards): one line naming the guard
+        _debug_traceback()
+        print(f"credo: guard error: {_one_line(exc)}", file=sys.stderr)
+        return 1
     except (OSError, ValueError, NotImplementedError) as exc:  # FileNotFoundError, FileExistsError, bad data, ...
         _debug_traceback()
         print(f"credo: error: {_one_line(exc)}", file=sys.stderr)
@@ -78,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_commands(sub)
     rm_cli.add_commands(sub)  # credo rm train | serve (credo.methods.reward_models)
     rlep_cli.add_commands(sub)  # credo rlep collect (credo.methods.rlep)
+    export_cli.add_commands(sub)  # credo export RUN_DIR --out DIR (a LoRA adapter merged into its base)
+    inspect_cli.add_commands(sub)  # credo inspect RUN --step N (credo.inspect)
     add_run_tools(sub)
     add_service_commands(sub)
     return parser

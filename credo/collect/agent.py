@@ -19,6 +19,7 @@ import torch
 
 from credo.config import ConfigError, RunConfig
 from credo.envs import HTTPEnvClient, LocalEnvClient, eval_task_ids, get_env_spec, train_task_ids
+from credo.guards import agent as agent_guards
 from credo.http_auth import resolve_token
 from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
 from credo.rollout.branching import branched_rollouts
@@ -27,6 +28,7 @@ from credo.collect.base import CollectorNeeds
 from credo.collect.config import AgentCollectorConfig, remote_adapter, remote_name, with_remote
 from credo.collect.horizon import horizon
 from credo.collect.group import Rollouts
+from credo.tools.episode import oracle_episode, tool_metrics
 from credo.train.stats import rollout_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
@@ -137,8 +139,38 @@ def make_client(a: AgentCollectorConfig, env: str):
     return LocalEnvClient(env, **a.env_params.get(env, {}))
 
 
+def run_envs(a: AgentCollectorConfig) -> list[str]:
+    """Every environment the run trains or evaluates on."""
+    return sorted({e for envs in stage_envs(a) for e in envs} | set(a.eval_envs))
+
+
+def tool_mode(a: AgentCollectorConfig, tokenizer):
+    """The structured-tools mode (credo.tools.episode.ToolMode) when the run's environments are tools environments
+    (``EnvSpec.tools``), else None; ConfigError for a mix, branching or a tools environment behind a server."""
+    from credo.tools.episode import ToolMode
+    from credo.tools.parsers import get_parser
+    from credo.tools.render import CHAR_TOOL_TEMPLATE, ToolRenderer
+
+    envs = run_envs(a)
+    tooled = [e for e in envs if get_env_spec(e).tools]
+    if not tooled:
+        return None
+    if len(tooled) != len(envs):
+        raise ConfigError(f"structured-tools environments {tooled} cannot be mixed with action-tag ones "
+                          f"{sorted(set(envs) - set(tooled))} in one run")
+    if a.branching != "none" or set(tooled) & set(a.server_urls):
+        raise ConfigError("structured-tools environments run in-process and without branching "
+                          "(rollout.collector.branching=none, no server_urls for them)")
+    own = a.tools.chat_template == "auto" and getattr(tokenizer, "chat_template", None)
+    return ToolMode(ToolRenderer(tokenizer, None if own else CHAR_TOOL_TEMPLATE), get_parser(a.tools.parser))
+
+
 def make_template(a: AgentCollectorConfig, tokenizer) -> AgentTemplate:
-    """The turn template ``template`` names (``auto``: the tokenizer's chat template when it has one)."""
+    """The turn template ``template`` names (``auto``: the tokenizer's chat template when it has one); in a
+    structured-tools run, the tool chat template's (:func:`tool_mode`)."""
+    tools = tool_mode(a, tokenizer)
+    if tools is not None:
+        return tools.template()
     kind = a.template
     if kind == "auto":
         kind = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
@@ -149,18 +181,18 @@ def action_stop_sequences(a: AgentCollectorConfig, tokenizer) -> tuple[tuple[int
     """Token ids of every closing action tag of the run's environments (``stop_at_action``)."""
     if not a.stop_at_action:
         return ()
-    envs = sorted({e for envs in stage_envs(a) for e in envs} | set(a.eval_envs))
-    tags = sorted({tag for env in envs for tag in get_env_spec(env).parser.tags})
+    tags = sorted({tag for env in run_envs(a) for tag in get_env_spec(env).parser.tags})
     return tuple(tuple(tokenizer(f"</{tag}>", add_special_tokens=False)["input_ids"]) for tag in tags)
 
 
 def make_loop(a: AgentCollectorConfig, engine, tokenizer, *, max_turns: int) -> AgentLoop:
     """The multi-turn loop over ``engine`` with at most ``max_turns`` assistant turns per episode."""
     top_logprobs = int(a.branch_args.get("top_logprobs", 10)) if a.branching != "none" else 0
-    return AgentLoop(engine, tokenizer, make_template(a, tokenizer), max_turns=max_turns,
+    tools = tool_mode(a, tokenizer)
+    return AgentLoop(engine, tokenizer, tools.template() if tools else make_template(a, tokenizer), max_turns=max_turns,
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
                      threads=a.threads, top_logprobs=top_logprobs, stop_sequences=action_stop_sequences(a, tokenizer),
-                     max_total_tokens=getattr(engine.model_config, "max_position_embeddings", None))
+                     max_total_tokens=getattr(engine.model_config, "max_position_embeddings", None), tools=tools)
 
 
 def step_horizon(a: AgentCollectorConfig, step: int) -> int:
@@ -193,9 +225,10 @@ def run_episodes(a: AgentCollectorConfig, loop: AgentLoop, examples: list[Exampl
 
 
 def collect_agent_rollouts(opts: AgentOptions, engine, tokenizer, sampler, *, step: int, sampling: SamplingParams,
-                           timer) -> Rollouts:
+                           timer, guards=None) -> Rollouts:
     """One step's episodes: ``group_size`` per prompt of ``sampler`` at the step's horizon, shaped rewards, the
-    episodes that failed in the environment dropped."""
+    episodes that failed in the environment dropped; structured-tools runs add the call metrics
+    (``tools/*``). ``guards`` (credo.guards.Guards) checks ``tool_calls`` and ``env_failures``."""
     a = opts.collector
     max_turns = step_horizon(a, step)
     loop = make_loop(a, engine, tokenizer, max_turns=max_turns)
@@ -205,9 +238,16 @@ def collect_agent_rollouts(opts: AgentOptions, engine, tokenizer, sampler, *, st
                                                     branching=a.branching, generator=engine.generator)
     trajs = [dataclasses.replace(t, policy_version=engine.policy_version) for t in trajs]
     metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
+    if loop.tools is not None:
+        metrics.update(tool_metrics([t.info for t in trajs]))
+        if guards is not None:
+            agent_guards.check_tool_calls(guards, trajs, results, step=step)
     results = shape_rewards(results, trajs, turn_cost=a.turn_cost, invalid_action_cost=a.invalid_action_cost)
     check_env_failures(results, max_share=a.max_env_failure_share, step=step)
+    every = results
     trajs, results, drop_metrics = drop_env_failures(trajs, results)
+    if guards is not None:
+        agent_guards.check_env_failures(guards, every, results, step=step)
     metrics.update(drop_metrics)
     metrics["agent/max_turns"] = max_turns
     metrics.update({f"agent/{k}": v for k, v in branch_stats.items()})
@@ -221,9 +261,9 @@ class AgentCollector:
     needs = CollectorNeeds()
 
     def __init__(self, opts: AgentOptions, engine, tokenizer, sampler, stage_samplers: list,
-                 sampling: SamplingParams) -> None:
+                 sampling: SamplingParams, guards=None) -> None:
         self.opts, self.engine, self.tokenizer, self.sampling = opts, engine, tokenizer, sampling
-        self.sampler, self.stage_samplers = sampler, stage_samplers
+        self.sampler, self.stage_samplers, self.guards = sampler, stage_samplers, guards
 
     def start(self, run_dir: Path) -> None:
         """Nothing to prepare before the first step."""
@@ -231,7 +271,7 @@ class AgentCollector:
     def collect(self, step: int, timer) -> Rollouts:
         sampler = self.stage_samplers[stage_of(self.opts.collector, step)] if self.stage_samplers else self.sampler
         return collect_agent_rollouts(self.opts, self.engine, self.tokenizer, sampler, step=step,
-                                      sampling=self.sampling, timer=timer)
+                                      sampling=self.sampling, timer=timer, guards=self.guards)
 
     def rewards(self, batch, trajs: list[Trajectory]) -> torch.Tensor:
         return reward_tensor(self.opts.collector, batch.scores, trajs, batch.responses.shape[1])
@@ -350,6 +390,8 @@ def evaluate_agent(opts: AgentOptions, engine, tokenizer, examples: list[Example
            f"eval/pass@{k}": sum(any(correct[i * k:(i + 1) * k]) for i in range(len(examples))) / max(len(examples), 1),
            "eval/turns_mean": sum(t.info["num_turns"] for t in g_trajs) / max(len(g_trajs), 1),
            "eval/env_failures": sum(r.failed for r in g_res + s_res)}
+    if loop.tools is not None:  # eval/tools/calls_attempted ... of the greedy episodes
+        out.update(tool_metrics([t.info for t in g_trajs], prefix="eval/tools"))
     envs = sorted({ex.meta["env"] for ex in examples})
     for env in envs if len(envs) > 1 else []:
         rows = [r.correct for t, r in zip(g_trajs, g_res) if t.info["env"] == env]
@@ -388,6 +430,9 @@ def oracle_trajectory(a: AgentCollectorConfig, tokenizer, template: AgentTemplat
     env_name = ex.meta["env"]
     client = LocalEnvClient(env_name, **a.env_params.get(env_name, {}))
     try:
+        tools = tool_mode(a, tokenizer)
+        if tools is not None:  # the structured-tools format (credo.tools.episode)
+            return oracle_episode(tools, tokenizer, client, get_env_spec(env_name).oracle, ex, eval_horizon(a))
         return _oracle_episode(a, tokenizer, template, ex, client)
     finally:
         client.close()

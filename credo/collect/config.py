@@ -26,6 +26,19 @@ class RemoteEnvConfig:
 
 
 @dataclass
+class ToolsConfig:
+    """Structured tool calling (docs/tools.md), used when the run's environments are tools environments
+    (``calc_tools``, ``toolgraph_tools``)."""
+
+    parser: str = opt("hermes", "the model's native tool-call format: hermes (<tool_call>{json}</tool_call>, Qwen2.5) "
+                      "or qwen3_coder (<tool_call><function=NAME><parameter=P>..., Qwen3-Coder)",
+                      choices=("hermes", "qwen3_coder"))
+    chat_template: str = opt("auto", "auto: the tokenizer's chat template when it has one, else credo's tool "
+                             "template for character models (credo.tools.render.CHAR_TOOL_TEMPLATE); credo: always "
+                             "credo's", choices=("auto", "credo"))
+
+
+@dataclass
 class AgentCollectorConfig:
     type: str = type_key("agent", "multi-turn agent RL: episodes in environments (credo env list), rewards from them")
     envs: list = opt(None, "environments for multi-turn agent RL (credo env list); empty = single-turn tasks",
@@ -65,6 +78,8 @@ class AgentCollectorConfig:
                            "reward only, as AgentGym-RL)", min=0.0)
     invalid_action_cost: float = opt(0.0, "training reward shaping: subtracted per turn without a parseable action",
                                      min=0.0)
+    tools: ToolsConfig = opt(None, "structured tool calling: the call parser and chat template (tools "
+                             "environments only)", factory=ToolsConfig)
 
 
 REMOTE_PREFIX = "agentgym:"

@@ -21,6 +21,7 @@ import yaml
 from credo.config import legacy
 from credo.config.fields import resolve_class
 from credo.config.schema import TRACKERS, RunConfig
+from credo.methods.distill.config import validate_distill
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # input paths a preset may give relative to its own folder (load_config); overrides stay relative to the cwd
@@ -229,8 +230,15 @@ def build(cls: type, data: Any, prefix: str, root: type = RunConfig) -> Any:
         elif section is not None:
             kwargs[name] = build(section, value if value is not None else {}, full + ".", root)
         else:
-            kwargs[name] = _check_value(full, _coerce(full, value, hint), f.metadata)
+            kwargs[name] = _check_value(full, _coerce(full, _word_of_bool(value, f.metadata), hint), f.metadata)
     return cls(**kwargs)
+
+
+def _word_of_bool(value: Any, meta: dict) -> Any:
+    """YAML reads ``off`` / ``on`` as booleans: a field whose choices name ``off`` (``on``) takes False (True) back
+    as that word (``guards.first_ratio=off``)."""
+    word = {False: "off", True: "on"}.get(value) if isinstance(value, bool) else None
+    return word if word is not None and word in (meta.get("choices") or ()) else value
 
 
 def build_choice(f: dataclasses.Field, value: Any, key: str, root: type) -> Any:
@@ -620,6 +628,7 @@ def validate_registries(cfg: RunConfig) -> None:
     validate_vepo(cfg)
     validate_vision(cfg)
     validate_replay(cfg)
+    _wrap("distill", lambda: validate_distill(cfg))  # credo.methods.distill.config
     if cfg.task.name != "file":
         if cfg.task.name not in list_tasks() and not cfg.task.name.startswith("rg:"):  # rg:<dataset>: reasoning-gym
             close = difflib.get_close_matches(cfg.task.name, list_tasks(), n=1)

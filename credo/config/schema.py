@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from credo.config.fields import choice, opt, type_key
-from credo.guards import GuardsConfig
 from credo.methods.rlep.config import ReplayConfig
+from credo.methods.distill.config import DistillConfig
 
 # the options of the choice sections (type -> "module:Class"; credo.config.fields.register_choice adds one)
 COLLECTORS = {"group": "credo.config.schema:GroupCollectorConfig",
@@ -34,6 +34,17 @@ class VisionConfig:
 
 
 @dataclass
+class LoraConfig:
+    r: int = opt(8, "LoRA rank", min=1)
+    alpha: float = opt(16.0, "LoRA scaling numerator: the adapter's update is (alpha / r) * B A", min=0.0)
+    dropout: float = opt(0.0, "dropout on the adapter's input (training only)", min=0.0, max=1.0)
+    target_modules: list = opt(None, "linear modules that get adapters (suffixes of module names; not lm_head or "
+                               "embed_tokens: the chunked log-prob path reads the head's weight directly)",
+                               factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                "down_proj"])
+
+
+@dataclass
 class ModelConfig:
     path: str | None = opt(None, "local Hugging Face model directory (from_pretrained); null = build a tiny model")
     arch: str = opt("qwen2", "architecture of a freshly built model (llava = a tiny CLIP vision tower + Qwen2: "
@@ -49,6 +60,8 @@ class ModelConfig:
     device: str = opt("cpu", "torch device (cpu, cuda, cuda:0, ...)")
     vision: VisionConfig = opt(None, "model.arch=llava: the vision tower of a freshly built model",
                                factory=lambda: VisionConfig())
+    lora: LoraConfig | None = opt(None, "LoRA RL with PEFT (credo.models.lora, docs/lora.md): null = train all weights; "
+                                  "a section {r, alpha, dropout, target_modules} = only adapters train")
 
 
 @dataclass
@@ -118,7 +131,17 @@ class RolloutConfig:
                       "CUDA vLLM, in process or a server: rollout.vllm, docs/vllm.md)", choices=("hf", "vllm"))
     vllm: VLLMConfig = opt(None, "engine=vllm: how vLLM runs", factory=lambda: VLLMConfig())
     one_step_off: bool = opt(False, "asynchronous one-step-off-policy mode: step t+1's rollouts are generated "
-                             "(by policy t) while step t's update runs; the lag is logged as rollout/policy_lag")
+                             "(by policy t) while step t's update runs; the lag is logged as rollout/policy_lag "
+                             "(an alias of max_staleness: 1; true whenever max_staleness >= 1)")
+    max_staleness: int = opt(0, "bounded-staleness async mode: generation runs up to K policy versions ahead of the "
+                             "trainer (batch s sampled by policy max(0, s - K); 0 = on-policy, 1 = one_step_off; "
+                             "docs/async.md)", min=0)
+    partial: bool = opt(False, "max_staleness >= 1: partial rollouts; a batch's decoding takes each newer policy "
+                        "at fixed decode steps (token d of batch s by policy s - K + d // ceil(max_new_tokens / K)), "
+                        "each token's version and behaviour log-prob recorded (group collector, engine hf)")
+    partial_kv: str = opt("keep", "partial: at a weight switch keep the prefix's KV cache (computed by the older "
+                          "policy) or recompute it with the new weights (a prefill of prompt + tokens so far)",
+                          choices=("keep", "recompute"))
     off_policy_ratio: str = opt("behaviour", "one_step_off: the PPO ratio's denominator; behaviour = the sampler's "
                                 "log-probs (the policy that generated), recompute = the trainer's log-probs before "
                                 "the update (decoupled PPO; pair with algo.rollout_correction)",
@@ -126,6 +149,12 @@ class RolloutConfig:
     collector: Any = choice("group", COLLECTORS, "how a step's rollouts are collected: group = single-turn groups "
                             "of group_size samples per prompt; tree = AttnRL tree rollouts; agent = multi-turn "
                             "episodes in environments")
+
+    def __post_init__(self) -> None:
+        # one_step_off is max_staleness 1; any max_staleness >= 1 is an asynchronous (one_step_off) run
+        if self.one_step_off and not self.max_staleness:
+            self.max_staleness = 1
+        self.one_step_off = self.one_step_off or self.max_staleness >= 1
 
 
 @dataclass
@@ -363,6 +392,28 @@ class DistributedConfig:
                               "that make that worker's process exit at the start of its CALL-th call", factory=list)
 
 
+GUARD_MODES = ("error", "warn", "off")  # a runtime guard's modes (credo.guards)
+
+
+@dataclass
+class GuardsConfig:
+    weight_sync: str = opt("error", "after every weight sync the engine must serve the trained weights (LoRA "
+                           "adapters included): error, warn or off", choices=GUARD_MODES)
+    finite_logprobs: str = opt("error", "every sampled token must have a finite behaviour log-prob (no zero-filling)",
+                               choices=GUARD_MODES)
+    first_ratio: str = opt("warn", "on an on-policy step the ratio exp(logprobs - rollout_logprobs) of the first "
+                           "mini-batch must be 1 within ratio_tol (trainer / engine mismatch; warn: vLLM in bf16 "
+                           "deviates legitimately)", choices=GUARD_MODES)
+    ratio_tol: float = opt(1e-3, "first_ratio: largest allowed mean abs(ratio - 1) over the first mini-batch's loss "
+                           "tokens (credo's HF engine in float32: ~1e-7; raise it for a bf16 engine)", min=0.0)
+    weight_tol: float = opt(1e-5, "weight_sync: largest allowed relative difference of the weight fingerprints "
+                            "(the engine may hold the weights in another dtype)", min=0.0)
+    tool_calls: str = opt("warn", "tool runs: a step in which the model attempted no tool call", choices=GUARD_MODES)
+    env_failures: str = opt("warn", "agent runs: a step with episodes the environment failed on (they are left out "
+                            "of the update, never trained on as empty steps)", choices=GUARD_MODES)
+
+
+
 @dataclass
 class RunConfig:
     seed: int = opt(0, "global seed")
@@ -389,3 +440,5 @@ class RunConfig:
                                "entropy = the top-entropy forking tokens, vepo = VEPO's grounding-sensitive ones")
     replay: ReplayConfig | None = opt(None, "RLEP experience replay (credo.methods.rlep): null = off, or a section "
                                       "with replay.pool")
+    distill: DistillConfig | None = opt(None, "on-policy distillation (credo.methods.distill): null = off, or a "
+                                        "section with distill.teacher.path")

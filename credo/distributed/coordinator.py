@@ -7,6 +7,9 @@ mode (:class:`RolloutCoordinator`):
 - engine weight sync: the engine serves the trainer's weights as policy ``version`` (``served_version``);
 - one-step-off mode (``rollout.one_step_off``): the next step's rollouts are generated in the background while
   this step updates (:class:`credo.collect.group.Prefetch`), saved with checkpoints when in flight;
+- bounded staleness (``rollout.max_staleness`` K >= 2, or ``rollout.partial``): up to K batches generated ahead
+  by a background pipeline (:class:`credo.distributed.staleness.AsyncPipeline`); every async step logs the
+  staleness of its tokens (``rollout/staleness_*``);
 - FSDP2 (``distributed.strategy=fsdp2``): the sharded policy and its whole-weights replica for saving.
 
 Collective order: every rank calls :meth:`collect`, :meth:`evaluate`, :meth:`leader`, :meth:`sync` and
@@ -20,9 +23,12 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from credo.collect.group import Prefetch, Rollouts
+from credo.config import ConfigError
 from credo.distributed.data_parallel import DataParallel
 from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
+from credo.distributed.staleness import AsyncPipeline, StalenessSchedule, snapshot, staleness_metrics
+from credo.guards.weights import check_weight_sync
 from credo.types import SamplingParams
 
 T = TypeVar("T")
@@ -33,8 +39,13 @@ class RolloutCoordinator:
     :meth:`of`; :meth:`attach` gives it the run's policy, engine, runner and collector."""
 
     def __init__(self, dp: DataParallel, *, ray: bool = False, shard: bool = False, one_step_off: bool = False,
-                 steps: int = 0, sampling: SamplingParams | None = None) -> None:
+                 steps: int = 0, sampling: SamplingParams | None = None, schedule: StalenessSchedule | None = None,
+                 recompute_kv: bool = False) -> None:
         self.dp, self.ray, self.shard, self.one_step_off, self.steps = dp, ray, shard, one_step_off, steps
+        # K >= 2 or partial rollouts: the pipeline (created at the first use); K = 1 alone keeps the Prefetch
+        self.schedule = schedule if schedule is not None and (schedule.k >= 2 or schedule.partial) else None
+        self.max_staleness = schedule.k if schedule is not None else int(one_step_off)
+        self.recompute_kv, self.pipe = recompute_kv, None
         self.leader_only = ray and dp.enabled  # Ray mode with several ranks: rank 0 collects and broadcasts
         self.sampling = sampling  # what rollouts saved before Rollouts.sampling existed were sampled with
         self.model = self.engine = self.runner = self.collector = None
@@ -49,8 +60,11 @@ class RolloutCoordinator:
         over the ranks (not agent episodes, not filtered groups)."""
         ray = cfg.distributed.backend == "ray"
         r = cfg.rollout
+        check_async(cfg)
+        schedule = StalenessSchedule(r.max_staleness, r.partial, r.max_new_tokens) if r.max_staleness else None
         return cls(dp, ray=ray, shard=dp.enabled and not ray and cfg.distributed.rollout == "shard" and shardable,
-                   one_step_off=r.one_step_off, steps=cfg.train.steps, sampling=SamplingParams.of(r))
+                   one_step_off=r.one_step_off, steps=cfg.train.steps, sampling=SamplingParams.of(r),
+                   schedule=schedule, recompute_kv=r.partial_kv == "recompute")
 
     @property
     def follower(self) -> bool:
@@ -75,6 +89,8 @@ class RolloutCoordinator:
         """This step's rollouts. The engine first serves the trainer's weights as policy ``step``. One-step-off
         mode: the batch generated (by the previous policy) while the previous step updated, and the next batch
         starts generating now, overlapping this step's update. Ray mode: rank 0 collects, the other ranks receive."""
+        if self.schedule is not None:
+            return self._collect_pipelined(step, timer)
         ready = self.pending.wait(timer) if self.pending is not None else None  # the engine is idle after this
         self.pending = None
         self.sync(step)
@@ -85,11 +101,44 @@ class RolloutCoordinator:
                 self.pending = Prefetch(lambda t: self._collect(step + 1, t))
             return rollouts
 
-        rollouts = self.leader(leader)
+        return self._finish(self.leader(leader), step, timer)
+
+    def _collect_pipelined(self, step: int, timer) -> Rollouts:
+        """Bounded staleness: policy ``step`` is published (every rank: an FSDP2 gather), batches up to step + K
+        are queued, and this step's batch (sampled by policy max(0, step - K), or under partial rollouts by the
+        versions of its decode steps) is taken from the pipeline."""
+        pipe = self.pipeline()
+        pipe.publish(step, snapshot(self.model))
+
+        def leader() -> Rollouts:
+            pipe.fill(step)
+            with timer("rollout_wait"):  # the trainer waiting for its batch
+                return pipe.take(step, timer)
+
+        return self._finish(self.leader(leader), step, timer)
+
+    def _finish(self, rollouts: Rollouts, step: int, timer) -> Rollouts:
+        """The shards gathered; an async step's staleness metrics."""
         if self.shard:
             with timer("gather"):
                 rollouts = gather_rollouts(rollouts, self.dp)
+        if self.max_staleness:
+            rollouts.metrics.update(staleness_metrics(rollouts.trajs, step, self.max_staleness))
         return rollouts
+
+    def pipeline(self) -> AsyncPipeline:
+        """The bounded-staleness pipeline (after :meth:`attach`)."""
+        if self.pipe is None:
+            self.pipe = AsyncPipeline(
+                self.schedule, engine=self.engine, collector=self.collector, collect=self._collect, steps=self.steps,
+                recompute_kv=self.recompute_kv,
+                on_load=lambda weights, version: check_weight_sync(self.guards, weights, self.engine, version))
+        return self.pipe
+
+    def close(self) -> None:
+        """Stop the pipeline's thread (it may wait for a policy version that will not come)."""
+        if self.pipe is not None:
+            self.pipe.close()
 
     def _collect(self, step: int, timer) -> Rollouts:
         rollouts = self.collector.collect(step, timer)
@@ -104,15 +153,18 @@ class RolloutCoordinator:
         return from_leader(self.dp, self.leader_only, fn)
 
     def idle(self) -> None:
-        """Wait for the batch in flight (one engine call at a time)."""
+        """Wait for the batch in flight (one engine call at a time); the pipeline: until its engine is free."""
         if self.pending is not None:
             self.pending.wait()
+        if self.pipe is not None:
+            self.pipe.idle()
 
     def evaluate(self, fn: Callable[[], T], step: int, *, force_sync: bool = False) -> T:
         """``fn()`` (an evaluation through the engine) of policy ``step``: the engine first finishes the batch in
         flight and serves the current weights; rank 0's result in Ray mode."""
         self.idle()
-        self.sync(step, force=force_sync)
+        # the pipeline's thread loads its versions without sync(): served_version may be out of date
+        self.sync(step, force=force_sync or self.pipe is not None)
         return self.leader(fn)
 
     def sync(self, version: int, *, force: bool = False) -> None:
@@ -124,6 +176,7 @@ class RolloutCoordinator:
         weights = full_state_dict(self.model) if is_sharded(self.model) else self.model
         if self.engine is not None:
             self.engine.update_weights(weights, version=version)
+            check_weight_sync(self.guards, weights, self.engine, version)  # the engine serves what was trained
         self.served_version = version
 
     # ------------------------------------------------------------------ FSDP2
@@ -149,7 +202,9 @@ class RolloutCoordinator:
         sampler's state advanced), so that a resumed run trains on it as the uninterrupted run would. Call it
         before saving the collector's state."""
         pending = self.pending.wait() if self.pending is not None else None
-        return {"engine": self.engine.state_dict() if self.engine is not None else None, "pending_rollouts": pending}
+        pipeline = self.pipeline().state_dict() if self.schedule is not None and not self.follower else None
+        return {"engine": self.engine.state_dict() if self.engine is not None else None, "pending_rollouts": pending,
+                "async_pipeline": pipeline}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         if self.engine is not None:
@@ -159,3 +214,19 @@ class RolloutCoordinator:
             if pending.sampling is None:  # saved before the rollouts recorded their sampling
                 pending = dataclasses.replace(pending, sampling=self.sampling)
             self.pending = Prefetch(done=pending)
+        if saved.get("async_pipeline") is not None and self.schedule is not None:
+            self.pipeline().load_state_dict(saved["async_pipeline"])
+
+
+def check_async(cfg) -> None:
+    """ConfigError for the bounded-staleness modes credo does not implement."""
+    r, d = cfg.rollout, cfg.distributed
+    if r.partial and not r.max_staleness:
+        raise ConfigError("rollout.partial: needs rollout.max_staleness >= 1 (partial rollouts span policy versions)")
+    if (r.max_staleness >= 2 or r.partial) and (d.backend == "ray" or r.engine != "hf"):
+        raise ConfigError("rollout.max_staleness >= 2 / rollout.partial: not implemented with Ray or "
+                          "rollout.engine=vllm (the pipeline loads each batch's version into an in-process hf "
+                          "engine); use max_staleness 1 (one_step_off) there")
+    if r.partial and r.collector.type != "group":
+        raise ConfigError(f"rollout.partial: not implemented with rollout.collector.type={r.collector.type} "
+                          "(the version schedule is by decode step of a single-turn generation)")

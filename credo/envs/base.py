@@ -71,6 +71,10 @@ class EnvSpec:
     native: Callable[[str], str | None] | None = None
     # task_group(params, task_id) -> a label (toolgraph: "tier2"); held-out evaluation reports success per label
     task_group: Callable[[dict[str, Any], int], str] | None = None
+    # structured tool calling (credo.tools, docs/tools.md): the instance has ``tool_schemas()`` (OpenAI function
+    # schemas), takes ``call:{"name", "arguments"}`` and ``answer:text`` actions, and its oracle returns a
+    # credo.tools.parsers.ToolCall or the final answer's text
+    tools: bool = False
 
 
 ENVS: dict[str, EnvSpec] = {}
@@ -86,7 +90,7 @@ def register_env(spec: EnvSpec) -> EnvSpec:
 # Modules whose import registers built-in environments, resolved by name (``verify``, AgentV-RL's agentic
 # verifier, lives in its method package above this registry).
 BUILTIN_MODULES = ("credo.envs.builtin", "credo.methods.agentic_verifier.env", "credo.envs.agentgym",
-                   "credo.envs.toolgraph")
+                   "credo.envs.toolgraph", "credo.envs.tooled")
 # name prefixes resolved by a function instead of the registry ("agentgym:" -> credo.envs.agentgym.remote_spec)
 PREFIXES: dict[str, Callable[[str], EnvSpec]] = {}
 

@@ -66,6 +66,12 @@ class LocalEnvClient:
         except Exception as exc:
             raise EnvError(f"{self.name}.step failed: {type(exc).__name__}: {exc}") from exc
 
+    def tool_schemas(self) -> list[dict]:
+        """The tools of a structured-tools environment (``EnvSpec.tools``) for the task it was reset on."""
+        if not hasattr(self.env, "tool_schemas"):
+            raise EnvError(f"{self.name} is not a structured-tools environment (no tool_schemas)")
+        return self.env.tool_schemas()
+
     def close(self) -> None:
         self.env.close()
 

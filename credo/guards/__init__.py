@@ -8,41 +8,22 @@ metrics (cumulative over the run). The checks themselves live next to what they 
 - ``weight_sync``: after each sync the rollout engine serves the weights the trainer trained (a fingerprint of the
   trained parameters, LoRA adapters included, compared with the engine's; credo.guards.weights);
 - ``finite_logprobs``: every sampled response token has a finite behaviour log-prob (none zero-filled or NaN);
-- ``first_ratio``: on an on-policy step the PPO ratio of the first mini-batch is 1 (trainer and engine agree);
+- ``first_ratio``: on an on-policy step the ratio of the first mini-batch against the sampler's log-probs is 1
+  (trainer and engine agree; credo.guards.logprobs, as ``finite_logprobs``);
 - ``tool_calls``: a structured-tool run whose model attempted no tool call in a step;
 - ``env_failures``: environment failures never produce empty episodes silently trained on.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
-from credo.config.fields import opt
+from credo.config.schema import GUARD_MODES as MODES, GuardsConfig
 
 log = logging.getLogger(__name__)
 
-MODES = ("error", "warn", "off")
-
-
 class GuardError(RuntimeError):
     """A runtime guard fired in ``error`` mode (the message names the guard and how to turn it into a warning)."""
-
-
-@dataclass
-class GuardsConfig:
-    weight_sync: str = opt("error", "after every weight sync the engine must serve the trained weights (LoRA "
-                           "adapters included): error, warn or off", choices=MODES)
-    finite_logprobs: str = opt("error", "every sampled token must have a finite behaviour log-prob (no zero-filling)",
-                               choices=MODES)
-    first_ratio: str = opt("warn", "the PPO ratio of an on-policy step's first mini-batch must be 1 within "
-                           "ratio_tol (trainer / engine mismatch)", choices=MODES)
-    ratio_tol: float = opt(1e-3, "first_ratio: largest allowed mean |ratio - 1| over the first mini-batch's tokens",
-                           min=0.0)
-    weight_tol: float = opt(1e-5, "weight_sync: largest allowed relative difference of the weight fingerprints "
-                            "(the engine may hold the weights in another dtype)", min=0.0)
-    tool_calls: str = opt("warn", "tool runs: a step in which the model attempted no tool call", choices=MODES)
-    env_failures: str = opt("warn", "agent runs: episodes the environment failed on (kept out of the update as "
-                            "zero-weight rows, never trained on as empty steps)", choices=MODES)
 
 
 class Guards:

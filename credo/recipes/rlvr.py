@@ -37,14 +37,18 @@ from credo.data.source import TaskData, drop_overlong, format_prompts, model_con
 from credo.distributed import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.guards import Guards
+from credo.guards.logprobs import check_behaviour_logprobs, check_first_ratio
+from credo.methods.distill.stage import apply_distill, apply_distill_advantages
+from credo.methods.distill.teacher import load_teacher
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
-from credo.models import ValueModel, load_model, load_or_build, num_parameters, save_model
+from credo.models import ValueModel, load_model, load_or_build, num_parameters
 from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
                                   save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
 from credo.recipes.stages import (COLLECTOR_KEY, PASS_STATS, advantage_inputs, apply_reference, build_collector,
                                   build_token_selector, collector_state, fuse_old_logprobs, load_reference,
-                                  needs_critic, needs_reference, new_critic, shardable, step_metrics)
+                                  needs_critic, new_critic, save_reference, shardable, step_metrics)
+from credo.recipes.lora_stage import lora_policy
 from credo.tracking.dump import rollout_records
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
@@ -89,6 +93,7 @@ class Parts:
     rollout: RolloutCoordinator  # collection, weight sync and the policy replica in the distributed mode
     dp: DataParallel  # data-parallel split of the updates (credo.distributed)
     ref_model: Any = None  # frozen reference policy when a KL term needs one
+    teacher: Any = None  # on-policy distillation's frozen teacher (credo.methods.distill; reloaded on resume)
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: Any = None
@@ -137,11 +142,13 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
         data = expand_image_prompts(data, model)  # image examples: <image> widened to the model's image tokens
         data = drop_overlong(data, tokenizer, cfg.task, context=model_context(model),
                              max_new_tokens=cfg.rollout.max_new_tokens)
+    model, fresh = lora_policy(cfg, model, tokenizer, data, run_dir, fresh=fresh, resumed=ckpt is not None)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
     with contextlib.ExitStack() as stack:
         parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)
+        parts.teacher = load_teacher(cfg, tokenizer)  # before the warm start: a bad teacher fails the run early
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
-        parts.ref_model = load_reference(cfg, run_dir)
+        parts.ref_model = load_reference(cfg, run_dir, parts.model)
         if cfg.distributed.strategy == "fsdp2":
             shard_policy_of(cfg, parts)
         rl_loop(cfg, run_dir, state, parts)
@@ -166,10 +173,11 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
         engine = rollout_engine(cfg, model, tokenizer, seed=rollout.engine_seed(cfg.seed), log_dir=run_dir)
         stack.callback(engine.close)
     sampler = rollout.sampler(prompt_sampler(data.train, seed=cfg.seed, curriculum=cfg.task.curriculum))
-    collector = build_collector(cfg, engine=engine, runner=runner, model=model, tokenizer=tokenizer, data=data,
-                                sampler=sampler, run_dir=run_dir)
     guards = Guards(cfg.guards)
+    collector = build_collector(cfg, engine=engine, runner=runner, model=model, tokenizer=tokenizer, data=data,
+                                sampler=sampler, run_dir=run_dir, guards=guards)
     rollout.attach(model=model, engine=engine, runner=runner, collector=collector, guards=guards)
+    stack.callback(rollout.close)  # the async pipeline's thread (rollout.max_staleness)
     return Parts(model=model, tokenizer=tokenizer, engine=engine, runner=runner, optimizer=optimizer,
                  scheduler=_scheduler(cfg, optimizer), data=data, logger=logger, collector=collector,
                  selector=build_token_selector(cfg, model, tokenizer), rollout=rollout, dp=dp, guards=guards)
@@ -184,8 +192,7 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
     state.start_eval = state.last_eval = evaluate_now(cfg, parts, run_dir, 0, force_sync=True)
     parts.logger.log(0, state.start_eval)
     parts.collector.start(run_dir)
-    if needs_reference(cfg):
-        save_model(parts.model, parts.tokenizer, run_dir / "reference")
+    save_reference(cfg, parts.model, parts.tokenizer, run_dir)
     if needs_critic(cfg):
         attach_critic(cfg, parts, new_critic(cfg, parts.model))
     return state
@@ -228,18 +235,21 @@ def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict
         rollouts = parts.rollout.collect(step, timer)
         metrics = rollouts.metrics
         if not rollouts.trajs:  # every group was filtered out: nothing to learn from this step
-            return metrics | timer.metrics() | {"train/skipped_step": 1}
+            return metrics | timer.metrics() | parts.guards.metrics() | {"train/skipped_step": 1}
         batch = collate(rollouts.trajs, rollouts.results, pad_id=parts.tokenizer.pad_token_id,
                         temperature=rollouts.sampling.temperature)
+        check_behaviour_logprobs(parts.guards, batch)  # finite_logprobs, before any pass reads the batch
         adv_needs = advantage_requirements(a.advantage, a.advantage_args)
         fused = fuse_old_logprobs(cfg, parts, adv_needs, batch.batch_size)
         token_stats = {} if fused else old_logprob_pass(cfg, parts, batch, adv_needs, metrics, state, timer)
         if parts.critic is not None:
             with timer("values"):
                 critic_pass(CriticPassOptions.of(cfg), parts.critic, batch, step=step)  # values (+ the loss's targets)
-        rewards = apply_reference(cfg, parts.ref_model, batch, metrics, timer,
-                                  parts.collector.rewards(batch, rollouts.trajs))
+        rewards = apply_distill(cfg, parts.teacher, batch, metrics, timer,
+                                parts.collector.rewards(batch, rollouts.trajs))
+        rewards = apply_reference(cfg, parts.ref_model, batch, metrics, timer, rewards)
         adv = advantages(cfg, parts, batch, rollouts, rewards, adv_needs, token_stats, state, timer)
+        apply_distill_advantages(cfg, batch, adv.metrics)  # distill.mode advantage / loss: A = w A (+ c (q - s))
         updates(cfg, parts, state, batch, rollouts.trajs, metrics, timer, step=step, fused=fused)
     metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step)
                    | parts.guards.metrics())
@@ -304,6 +314,7 @@ def updates(cfg: RunConfig, parts: Parts, state: RunState, batch: TrainBatch, tr
         with timer("update"):
             metrics.update(update_policy(opts, parts.model, policy_batch, parts.optimizer, parts.scheduler,
                                          step=step, dp=parts.dp))
+        check_first_ratio(parts.guards, metrics, trajs, step=step)  # on-policy: ratio 1 against the sampler
         if fused and "actor/entropy" in metrics:  # absent when every row had zero advantage (skipped)
             state.entropy_history.append(metrics["actor/entropy"])
 

@@ -26,6 +26,9 @@ from credo.rollout import HFRolloutEngine
 
 
 def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
+    if cfg.model.lora is not None:
+        raise NotImplementedError("credo sft with model.lora is not implemented: it would fine-tune the whole model; "
+                                  "LoRA is for credo train (docs/lora.md)")
     if run_dir is None and cfg.run_name is None:
         from datetime import datetime
 

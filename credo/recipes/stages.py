@@ -15,6 +15,7 @@ collects its pool there, from the warm-started policy).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,10 +33,12 @@ from credo.collect.group import GroupCollector, GroupOptions
 from credo.config import RunConfig
 from credo.data import PromptSampler
 from credo.methods.attnrl.collector import TreeCollector, TreeOptions
+from credo.methods.distill.stage import needs_student_logprobs
 from credo.methods.rlep.collector import ReplayCollector
 from credo.methods.vepo.grounding import prompt_offset
 from credo.methods.vepo.select import VepoSelector
-from credo.models import ValueModel, load_model
+from credo.models import ValueModel, load_model, save_model
+from credo.models.lora import adapters_disabled, is_lora
 from credo.recipes.common import sampling_params, training_runner
 from credo.train.forward import ForwardOptions, batched_logprobs
 from credo.train.stats import Timer
@@ -58,6 +61,7 @@ class CollectorInputs:
     data: Any  # TaskData
     sampler: Any  # the prompt sampler (this rank's share when rollouts are sharded)
     run_dir: Path
+    guards: Any = None  # the run's credo.guards.Guards (the agent collector checks tool_calls / env_failures)
 
     def runner_for(self, step: int):
         """The runner that scores step ``step``'s training rollouts (credo.recipes.common.training_runner)."""
@@ -75,16 +79,17 @@ def _tree(x: CollectorInputs) -> Collector:
 def _agent(x: CollectorInputs) -> Collector:
     stage_samplers = [PromptSampler(exs, seed=x.cfg.seed + i) for i, exs in enumerate(x.data.stage_train)]
     return AgentCollector(AgentOptions.of(x.cfg), x.engine, x.tokenizer, x.sampler, stage_samplers,
-                          sampling_params(x.cfg))
+                          sampling_params(x.cfg), guards=x.guards)
 
 
 COLLECTORS: dict[str, Callable[[CollectorInputs], Collector]] = {"group": _group, "tree": _tree, "agent": _agent}
 
 
-def build_collector(cfg: RunConfig, *, engine, runner, model, tokenizer, data, sampler, run_dir: Path) -> Collector:
+def build_collector(cfg: RunConfig, *, engine, runner, model, tokenizer, data, sampler, run_dir: Path,
+                    guards=None) -> Collector:
     """The run's collector: ``rollout.collector.type``'s, its groups mixed with replayed answers when ``replay`` is
     set (RLEP; the loader allows it with single-turn group collection only)."""
-    x = CollectorInputs(cfg, engine, runner, model, tokenizer, data, sampler, Path(run_dir))
+    x = CollectorInputs(cfg, engine, runner, model, tokenizer, data, sampler, Path(run_dir), guards)
     kind = cfg.rollout.collector.type
     if kind not in COLLECTORS:
         raise NotImplementedError(f"rollout.collector.type={kind}: a config option without a collector; add a "
@@ -174,10 +179,19 @@ def new_critic(cfg: RunConfig, policy) -> ValueModel:
     return critic
 
 
-def load_reference(cfg: RunConfig, run_dir: Path):
-    """The frozen reference policy saved in the run directory at the start (None when none is needed)."""
+def save_reference(cfg: RunConfig, policy, tokenizer, run_dir: Path) -> None:
+    """A new run saves its frozen reference (when one is needed); a LoRA policy's is its base, nothing to save."""
+    if needs_reference(cfg) and cfg.model.lora is None:
+        save_model(policy, tokenizer, run_dir / "reference")
+
+
+def load_reference(cfg: RunConfig, run_dir: Path, policy=None):
+    """The frozen reference policy saved in the run directory at the start (None when none is needed); for a LoRA
+    policy the policy itself, which :func:`apply_reference` runs with its adapters disabled (no second copy)."""
     if not needs_reference(cfg):
         return None
+    if cfg.model.lora is not None:
+        return policy
     ref, _ = load_model(run_dir / "reference", cfg.model)
     ref.eval().requires_grad_(False)
     return ref
@@ -229,7 +243,7 @@ def apply_reference(cfg: RunConfig, ref_model, batch: TrainBatch, metrics: dict,
     if ref_model is None:
         return rewards
     entropy = "ref_entropy" in critic_requirements(cfg)  # VRPO's critic reads the frozen LM's entropy
-    with timer("ref"):
+    with timer("ref"), adapters_disabled(ref_model) if is_lora(ref_model) else contextlib.nullcontext():
         batch.ref_logprobs, stats = batched_logprobs(
             ref_model, batch, micro_batch_size=cfg.train.micro_batch_size,
             micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=batch.temperature,
@@ -313,4 +327,5 @@ def fuse_old_logprobs(cfg: RunConfig, parts, adv_needs: tuple[str, ...], batch_s
     return (t.old_logprob_pass == "auto" and (one_step or policy_loss_uses_rollout_logprobs(cfg.algo.policy_loss))
             and parts.ref_model is None and not PASS_OUTPUTS & set(adv_needs)
             and parts.critic is None and not cfg.rollout.one_step_off
-            and not needs_old_logprob_pass(parts.collector, parts.selector))
+            and not needs_old_logprob_pass(parts.collector, parts.selector)
+            and not needs_student_logprobs(cfg))  # distillation reads the student's no-grad log-probs

@@ -13,7 +13,9 @@ coordinates. The episode ends when the environment says done, at the turn cap (`
 ScalingInter-RL horizon), when the response budget is spent, or on an environment failure (recorded,
 reward 0, ``failed``; the trainer leaves such episodes out of the update). The outcome reward is the last
 step's reward (0 if the episode was cut); where it is placed on tokens is the trainer's choice
-(``agent.reward_placement``).
+(``agent.reward_placement``). With ``tools`` (credo.tools.episode.ToolMode, docs/tools.md) turns are structured
+tool calls: the prompt is rendered with the environment's tool schemas, each turn's calls are parsed and run, and
+their tool messages are appended as the template's token delta.
 """
 from __future__ import annotations
 
@@ -105,11 +107,14 @@ class Episode:
     cut: str = ""  # why the episode stopped without the environment ending it
     branched_from: int | None = None  # index in its group of the episode this one was copied from (branching)
     fork_at: int = 0  # response tokens shared with that episode
+    tools: Any = None  # credo.tools.episode.ToolState of a structured-tools run (messages, call counters)
 
     def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.response_ids += ids
         self.mask += [mask] * len(ids)
-        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        # tokens the engine did not sample (mask 0) have no behaviour log-prob; a loss token without one is NaN,
+        # never 0.0 (probability 1), so the finite_logprobs guard sees it (credo.guards.logprobs)
+        self.logprobs += logprobs if logprobs is not None else [float("nan") if mask else 0.0] * len(ids)
 
 
 @dataclass
@@ -126,6 +131,7 @@ class AgentLoop:
     top_logprobs: int = 0  # recorded per generated token when branching needs entropy
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # e.g. the action's closing tag: the turn ends there (ARPO)
     max_total_tokens: int | None = None  # prompt + response cap (the model's positions); None = unlimited
+    tools: Any = None  # credo.tools.episode.ToolMode: turns are structured tool calls (docs/tools.md)
 
     def start(self, examples: list[Example], clients: list[EnvClient], group_ids: list[int]) -> list[Episode]:
         """Reset every client on its example's task; a failing reset ends that episode as an env failure."""
@@ -137,7 +143,10 @@ class AgentLoop:
             except EnvError as exc:
                 ep.env_failure, ep.done = str(exc)[:300], True
                 obs = ""
-            ep.prompt_ids = self.template.prompt(ep.client.instruction, obs)
+            if self.tools is not None and not ep.env_failure:
+                ep.tools, ep.prompt_ids = self.tools.start(ep.client, ep.client.instruction, obs)
+            else:
+                ep.prompt_ids = self.template.prompt(ep.client.instruction, obs)
 
         self._parallel(reset, episodes)
         return episodes
@@ -163,14 +172,20 @@ class AgentLoop:
             ended = cont.ids and cont.ids[-1] == self.template.end_of_turn
             texts.append(self.tokenizer.decode(cont.ids[:-1] if ended else cont.ids, skip_special_tokens=True))
             ep.actions.append(texts[-1])
-            if not ended and cont.finish_reason == "stop":  # cut by a stop sequence: the template closes the turn
+            if not ended and (cont.finish_reason == "stop" or self.tools is not None):  # the template closes it
                 ep.add(self.template.close_turn, 0)
         self._parallel(lambda pair: self._step(*pair), list(zip(active, texts)))
+        for ep in active if self.tools is not None else []:
+            if ep.done and ep.tools is not None:  # the re-render check (credo.tools.render), once per episode
+                self.tools.finish(ep.tools, ep.prompt_ids + ep.response_ids, ep.example.uid)
         return [ep for ep in active if not ep.done]
 
     def _step(self, ep: Episode, text: str) -> None:
         try:
-            result = ep.client.step(text)
+            if ep.tools is not None:
+                result, msgs = self.tools.step(ep.tools, ep.client, text)
+            else:
+                result, msgs = ep.client.step(text), None
         except EnvError as exc:
             ep.env_failure, ep.done, ep.reward = str(exc)[:300], True, 0.0
             return
@@ -183,7 +198,7 @@ class AgentLoop:
         if len(ep.turns) >= self.max_turns:
             ep.done, ep.cut = True, "max_turns"
             return
-        obs = self.template.observation(result.observation)
+        obs = self.template.observation(result.observation) if msgs is None else self.tools.observation(ep.tools, msgs)
         grown = len(ep.response_ids) + len(obs) + len(self.template.assistant_prefix) + self.max_tokens_per_turn
         if grown > self.max_response_tokens:
             ep.done, ep.cut = True, "max_response_tokens"
@@ -223,7 +238,7 @@ def to_trajectory(ep: Episode, tokenizer) -> tuple[Trajectory, RewardResult]:
     finish = "eos" if ep.done and not ep.cut and not ep.env_failure else "length"
     info = {"num_turns": len(ep.turns), "tool_calls": ep.tool_calls, "invalid_actions": ep.invalid_actions,
             "env_failure": ep.env_failure, "success": ep.success, "cut": ep.cut, "env": ep.client.name,
-            "branched_from": ep.branched_from, "fork_at": ep.fork_at}
+            "branched_from": ep.branched_from, "fork_at": ep.fork_at, **(ep.tools.info() if ep.tools else {})}
     traj = Trajectory(example=ep.example, group_id=ep.group_id, prompt_ids=ep.prompt_ids, response_ids=ep.response_ids,
                       rollout_logprobs=ep.logprobs, response_mask=ep.mask, finish_reason=finish,
                       response_text=tokenizer.decode(ep.response_ids, skip_special_tokens=True), turns=ep.turns,

@@ -5,21 +5,42 @@ by the temperature; the recorded ``rollout_logprobs`` are log-probs of the sampl
 that temperature-scaled, *unfiltered* distribution, which is what the trainer recomputes as
 ``old_logprobs`` (top-k / top-p only restrict which tokens can be drawn). A row stops at EOS
 (kept as the last response token, inside the loss mask) or at ``max_new_tokens``.
+
+Partial rollouts (``rollout.partial``, :mod:`credo.distributed.staleness`): a :class:`DecodeHook` set as
+``engine.decode_hook`` runs before each decode step of the calls it applies to, may load newer weights there (the
+generation continues under them), and the engine then records every token's policy version
+(``Continuation.versions``, ``Trajectory.token_versions``). At a switch the prefix's KV cache is kept (computed by
+the older policy) or, with ``hook.recompute_kv``, recomputed by a prefill of prompt + tokens so far.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from transformers import DynamicCache
 
+from credo.guards.weights import weights_fingerprint
 from credo.models.compat import cache_kwargs, output_cache
+from credo.models.lora import adapter_state, is_lora, load_adapter_state
 from credo.models.vision import example_pixels, image_token_id, is_vision_model
 from credo.models.tokenizer import encode_prompt
 from credo.rollout.base import OnDone
 from credo.rollout.lean import lean_decoder
 from credo.types import Example, SamplingParams, Trajectory
+
+
+class DecodeHook(Protocol):
+    """Between decode steps of a partial rollout (module docstring)."""
+
+    recompute_kv: bool  # after a weight switch, recompute the prefix's KV cache with the new weights
+    generator: torch.Generator  # the keys of the calls it applies to (instead of the engine's generator)
+
+    def applies(self) -> bool:
+        """Whether the calling generation is a partial rollout (e.g. the pipeline's thread, not an evaluation)."""
+
+    def before_step(self, step: int) -> bool:
+        """Called before decode step ``step`` is sampled (0: before the prefill); True if it changed the weights."""
 
 
 class HFRolloutEngine:
@@ -39,6 +60,7 @@ class HFRolloutEngine:
         # a vision-language policy never samples its image placeholder (a response holding one would not match the
         # image features); its log-probs are then those of the distribution without it
         self.banned = torch.tensor([image_token_id(model.config)]) if is_vision_model(model) else None
+        self.decode_hook: DecodeHook | None = None  # partial rollouts: may switch weights between decode steps
 
     # -------------------------------------------------------------- protocol
 
@@ -73,11 +95,18 @@ class HFRolloutEngine:
         (recorded on every trajectory). This engine may sample from the trainer's own module: then only the version
         changes."""
         if isinstance(weights, torch.nn.Module):
-            if weights is not self.model:
+            if weights is not self.model and is_lora(weights):  # a LoRA policy: only its adapter tensors travel
+                load_adapter_state(self.model, adapter_state(weights))
+            elif weights is not self.model:
                 self.model.load_state_dict(weights.state_dict())
         else:
             self.model.load_state_dict(weights)
         self.policy_version = version
+
+    def weights_fingerprint(self) -> dict[str, tuple[float, float]]:
+        """The served weights' fingerprint (credo.guards.weights): the weight_sync guard compares it with the
+        trainer's after every sync."""
+        return weights_fingerprint(self.model)
 
     # -------------------------------------------------------------- token-level API (agent loops)
 
@@ -99,6 +128,8 @@ class HFRolloutEngine:
         """
         if stream is None:
             gen = self.generator
+            if self.decode_hook is not None and self.decode_hook.applies():
+                gen = self.decode_hook.generator  # a partial rollout's own stream (evaluations do not move it)
             if sampling.seed is not None:
                 gen = torch.Generator(device="cpu")
                 gen.manual_seed(sampling.seed)
@@ -134,14 +165,15 @@ class HFRolloutEngine:
         Each (row, step) draws its own uniform number (keyed by ``stream``) whatever the batch holds, so results do
         not depend on when rows are compacted."""
         batch, steps = len(prefixes), sp.max_new_tokens
-        tokens = torch.full((batch, max(steps, 1)), self.pad_id, dtype=torch.long)
-        logps = torch.zeros((batch, max(steps, 1)))
-        tops = torch.zeros((batch, max(steps, 1), top_k)) if top_k else None
-        lengths = torch.zeros(batch, dtype=torch.long)
-        finished = torch.zeros(batch, dtype=torch.bool)
+        width = max(steps, 1)
+        tokens, logps = torch.full((batch, width), self.pad_id, dtype=torch.long), torch.zeros((batch, width))
+        tops = torch.zeros((batch, width, top_k)) if top_k else None
+        lengths, finished = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.bool)
+        hook = self.decode_hook if self.decode_hook is not None and self.decode_hook.applies() else None
+        vers = torch.full((batch, width), -1, dtype=torch.long) if hook is not None else None  # token versions
         if steps == 0:
             return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
-        cache, attn, logits, active = self._prefill(prefixes, pixel_values)
+        cache, attn, logits, active = self._prefill(prefixes, pixel_values, hook)
         state = self.lean.start(cache, attn, steps) if self.lean is not None else None
         draws = uniform_draws(stream[0], stream[1] + torch.arange(batch), torch.arange(steps))  # (B, steps)
         step_pos = (attn.sum(-1, keepdim=True) - 1)  # (A, 1) position of the last prefix token
@@ -155,6 +187,8 @@ class HFRolloutEngine:
             tokens[rows, t] = nxt[live].cpu()
             logps[rows, t] = lp[live].cpu()
             lengths[rows] = t + 1
+            if vers is not None:
+                vers[rows, t] = self.policy_version
             if top_k:
                 tops[rows, t] = torch.topk(full[live], min(top_k, full.shape[-1]), dim=-1).values.cpu()
             newly = (~done) & torch.isin(nxt, stop_t)
@@ -164,7 +198,7 @@ class HFRolloutEngine:
             done |= newly
             if on_finish is not None:
                 for i in active[newly].tolist():
-                    on_finish(i, self._continuation(tokens, logps, tops, i, int(lengths[i]), True))
+                    on_finish(i, self._continuation(tokens, logps, tops, i, int(lengths[i]), True, vers))
             if bool(done.all()) or t == steps - 1:
                 break
             if int(done.sum()) * 4 >= len(done):  # compact: drop the finished rows from the batch and the cache
@@ -174,6 +208,9 @@ class HFRolloutEngine:
                 else:
                     cache.reorder_cache(keep)
                 active, attn, step_pos, nxt, done = active[keep], attn[keep], step_pos[keep], nxt[keep], done[keep]
+            if hook is not None and hook.before_step(t + 1) and hook.recompute_kv:  # new weights: a fresh prefill
+                cache, attn, logits, state, step_pos = self._refill(prefixes, tokens, active, t + 1, pixel_values)
+                continue
             step_pos = step_pos + 1
             if state is not None:
                 logits = self.lean.step(state, nxt, step_pos)
@@ -182,11 +219,28 @@ class HFRolloutEngine:
             out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=step_pos,
                              **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1)
             cache, logits = output_cache(out), out.logits[:, -1, :]
-        return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
+        return self._continuations(tokens, logps, tops, lengths, finished, on_finish, vers)
 
-    def _prefill(self, prefixes: list[list[int]], pixel_values: torch.Tensor | None = None):
+    def _refill(self, prefixes: list[list[int]], tokens: torch.Tensor, active: torch.Tensor, t: int,
+                pixel_values: torch.Tensor | None):
+        """The decode state of the ``active`` rows after ``t`` generated tokens (of ``tokens``' (B, steps)),
+        recomputed by the current weights: a prefill of prefix + tokens[:t] (cache, attention (A, P'), next-token
+        logits (A, V), lean state, position of each row's last token (A, 1))."""
+        steps = tokens.shape[1]
+        rows = active.cpu()
+        seqs = [prefixes[i] + tokens[i, :t].tolist() for i in rows.tolist()]
+        images = None if pixel_values is None else pixel_values[rows]
+        cache, attn, logits, _ = self._prefill(seqs, images)
+        state = self.lean.start(cache, attn, steps - t) if self.lean is not None else None
+        return cache, attn, logits, state, attn.sum(-1, keepdim=True) - 1
+
+    def _prefill(self, prefixes: list[list[int]], pixel_values: torch.Tensor | None = None,
+                 hook: DecodeHook | None = None):
         """Left-padded prefill of the distinct prefixes (with their images, when given), expanded to every row:
-        (cache, attention (B, P), next-token logits (B, V), row indices (B,))."""
+        (cache, attention (B, P), next-token logits (B, V), row indices (B,)). A partial rollout's ``hook`` first
+        sets the weights of decode step 0."""
+        if hook is not None:
+            hook.before_step(0)
         distinct: dict[tuple, int] = {}
         keys = [tuple(ids) for ids in prefixes] if pixel_values is None else \
             [(tuple(ids), px.numpy().tobytes()) for ids, px in zip(prefixes, pixel_values.cpu())]
@@ -214,8 +268,9 @@ class HFRolloutEngine:
         return cache, attn[idx], logits[idx], torch.arange(len(prefixes), device=self.device)
 
     @classmethod
-    def _continuations(cls, tokens, logps, tops, lengths, finished, on_finish=None) -> list[Continuation]:
-        outs = [cls._continuation(tokens, logps, tops, i, n, bool(finished[i])) for i, n in enumerate(lengths.tolist())]
+    def _continuations(cls, tokens, logps, tops, lengths, finished, on_finish=None, vers=None) -> list[Continuation]:
+        outs = [cls._continuation(tokens, logps, tops, i, n, bool(finished[i]), vers)
+                for i, n in enumerate(lengths.tolist())]
         if on_finish is not None:  # the rows that ran to max_new_tokens (stopped rows were reported as they ended)
             for i, c in enumerate(outs):
                 if c.finish_reason == "length":
@@ -223,10 +278,11 @@ class HFRolloutEngine:
         return outs
 
     @staticmethod
-    def _continuation(tokens, logps, tops, i: int, n: int, stopped: bool) -> Continuation:
+    def _continuation(tokens, logps, tops, i: int, n: int, stopped: bool, vers=None) -> Continuation:
         return Continuation(ids=tokens[i, :n].tolist(), logprobs=logps[i, :n].tolist(),
                             finish_reason="stop" if stopped else "length",
-                            top_logprobs=tops[i, :n].clone() if tops is not None else None)
+                            top_logprobs=tops[i, :n].clone() if tops is not None else None,
+                            versions=vers[i, :n].tolist() if vers is not None else None)
 
     @staticmethod
     def _ends_with(tokens: torch.Tensor, sequences: tuple[tuple[int, ...], ...]) -> torch.Tensor:
@@ -262,7 +318,9 @@ class HFRolloutEngine:
             example=example, group_id=group_id, prompt_ids=prompt_ids, response_ids=ids,
             rollout_logprobs=cont.logprobs, response_mask=[1] * len(ids),
             finish_reason="eos" if ended else "length",
-            response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True), policy_version=self.policy_version,
+            response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True),
+            policy_version=cont.versions[0] if cont.versions else self.policy_version,
+            token_versions=list(cont.versions or ()),
         )
 
 
@@ -274,6 +332,7 @@ class Continuation:
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS or a stop id, kept as the last token) | "length"
     top_logprobs: torch.Tensor | None = None  # (len(ids), k) when requested
+    versions: list[int] | None = None  # partial rollouts: the policy version that sampled each token
 
 
 def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -96,6 +96,13 @@ def engine_kwargs(opts: VLLMOptions, *, seed: int, cpu: bool) -> dict[str, Any]:
     return kw | dict(opts.args)
 
 
+def per_token(values: Any, n: int) -> list[float]:
+    """The sampled tokens' log-probs of one completion of ``n`` tokens; NaN where the engine returned none (a None
+    entry or a short list): never 0.0, which would read as probability 1 (the finite_logprobs guard sees NaN)."""
+    given = [float("nan") if v is None else float(v) for v in list(values)[:n]]
+    return given + [float("nan")] * (n - len(given))
+
+
 def top_list(entries: Any, k: int) -> list[float]:
     """The k largest log-probs of one position (vLLM returns the top k plus the sampled token)."""
     return sorted(entries, reverse=True)[:k]
@@ -123,7 +130,8 @@ class InProcessVLLM:
         ids = list(comp.token_ids)
         steps = comp.logprobs or []
         tops = [top_list((lp.logprob for lp in e.values()), k) for e in steps[: len(ids)]] if k else None
-        return Sample(ids=ids, logprobs=[float(e[t].logprob) for e, t in zip(steps, ids)], top_logprobs=tops,
+        picked = [e[t].logprob if e is not None and t in e else None for e, t in zip(steps, ids)]
+        return Sample(ids=ids, logprobs=per_token(picked, len(ids)), top_logprobs=tops,
                       finish_reason="stop" if comp.finish_reason == "stop" else "length")
 
     def sync(self, state: dict[str, torch.Tensor], version: int) -> None:
@@ -261,7 +269,7 @@ class ServerVLLM:
         lp = choice.get("logprobs") or {}
         k = request["logprobs"]
         tops = [top_list(e.values(), k) for e in lp.get("top_logprobs") or []][: len(ids)] if k else None
-        return Sample(ids=ids, logprobs=[float(x) for x in lp.get("token_logprobs") or []][: len(ids)],
+        return Sample(ids=ids, logprobs=per_token(lp.get("token_logprobs") or [], len(ids)),
                       top_logprobs=tops, finish_reason="stop" if choice.get("finish_reason") == "stop" else "length")
 
     def complete(self, prompts: list[list[int]], requests: list[dict[str, Any]]) -> list[Sample]:

@@ -12,7 +12,12 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
     """Left-pad prompts to P, right-pad responses to T (see :class:`TrainBatch` for the layout). The batch records
     how it was sampled: ``temperature`` (the rollouts' sampling temperature) and ``sampled``, False for the rows
     the engine did not generate (``info["replay"]``: answers replayed from a pool), and ``pixel_values`` when the
-    rows' examples carry images (``meta["image"]``, credo.models.vision)."""
+    rows' examples carry images (``meta["image"]``, credo.models.vision).
+
+    Behaviour log-probs are never zero-filled: a sampled row's loss token whose log-prob the engine did not return
+    (a list shorter than the response, a None or NaN entry) is NaN in ``rollout_logprobs``, for the
+    ``finite_logprobs`` guard (credo.guards.logprobs) to see; positions outside the loss and rows the engine did not
+    sample (their behaviour log-probs are the trainer's) hold 0.0."""
     if len(trajs) != len(rewards):
         raise ValueError(f"{len(trajs)} trajectories but {len(rewards)} rewards")
     batch = len(trajs)
@@ -22,7 +27,7 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
     attention = torch.zeros((batch, plen + rlen), dtype=torch.long)
     responses = torch.full((batch, rlen), pad_id, dtype=torch.long)
     mask = torch.zeros((batch, rlen))
-    rollout_lp = torch.zeros((batch, rlen))
+    rollout_lp = torch.full((batch, rlen), float("nan"))  # NaN = no log-prob from the engine
     for i, t in enumerate(trajs):
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[i, plen - p : plen] = torch.tensor(t.prompt_ids)
@@ -31,16 +36,29 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
             input_ids[i, plen : plen + r] = torch.tensor(t.response_ids)
             responses[i, :r] = torch.tensor(t.response_ids)
             mask[i, :r] = torch.tensor(t.response_mask, dtype=torch.float32)
-            rollout_lp[i, :r] = torch.tensor(t.rollout_logprobs)
+            rollout_lp[i, :r] = behaviour_logprobs(t.rollout_logprobs, r)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    sampled = torch.tensor(["replay" not in t.info for t in trajs], dtype=torch.bool)
+    rollout_lp = rollout_lp.masked_fill(~(mask.bool() & sampled[:, None]), 0.0)  # only the guard's tokens keep NaN
     return TrainBatch(
         input_ids=input_ids, attention_mask=attention, position_ids=positions, responses=responses,
         response_mask=mask, prompt_len=plen, rollout_logprobs=rollout_lp,
         scores=torch.tensor([r.score for r in rewards], dtype=torch.float32),
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long), temperature=temperature,
-        sampled=torch.tensor(["replay" not in t.info for t in trajs], dtype=torch.bool),
+        sampled=sampled,
         pixel_values=example_pixels([t.example for t in trajs]),  # None unless the rows carry images
     )
+
+
+def behaviour_logprobs(logprobs: list[float | None], length: int) -> torch.Tensor:
+    """(length,) float: the engine's log-probs of one response, NaN where it gave none (None entries, or a list
+    shorter than the response); a list longer than the response is an engine bug and raises."""
+    if len(logprobs) > length:
+        raise ValueError(f"{len(logprobs)} rollout log-probs for a response of {length} tokens")
+    out = torch.full((length,), float("nan"))
+    given = logprobs if None not in logprobs else [float("nan") if x is None else x for x in logprobs]
+    out[: len(given)] = torch.tensor(given, dtype=torch.float32)
+    return out
 
 
 def token_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], *, pad_id: int) -> TrainBatch:

@@ -19,8 +19,10 @@ import torch
 from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert,
                         policy_loss_requirements, policy_loss_uses_rollout_logprobs)
 from credo.algo.critic import compute_critic_loss
+from credo.algo.distill import distill_loss_tokens
 from credo.algo.rollout_correction import rollout_is_weights
 from credo.distributed.data_parallel import LOCAL, DataParallel
+from credo.guards.logprobs import FIRST_RATIO_METRIC, ratio_deviation
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_outputs, trim
 from credo.train.optim import clip_and_step
 from credo.train.stats import MetricAccumulator
@@ -46,16 +48,19 @@ class LossSpec:
     loss_scale_factor: float | None
     max_new_tokens: int
     policy_loss_args: dict[str, Any] = field(default_factory=dict)
+    distill_coef: float = 0.0  # on-policy distillation's loss term (credo.methods.distill, distill.mode=loss)
+    distill_estimator: str = "k2"
 
     @classmethod
     def of(cls, cfg) -> "LossSpec":
-        a = cfg.algo
+        a, d = cfg.algo, cfg.distill  # d: on-policy distillation (loss mode: a loss term), None when off
         return cls(policy_loss=a.policy_loss, agg=a.agg, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
                    kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, sft_coef=a.sft_coef,
                    sft_correct_score=a.sft_correct_score, rollout_correction=rollout_correction_mode(cfg),
                    rollout_is_low=a.rollout_is_low, rollout_is_high=a.rollout_is_high,
                    loss_scale_factor=a.loss_scale_factor, max_new_tokens=cfg.rollout.max_new_tokens,
-                   policy_loss_args=dict(a.policy_loss_args))
+                   policy_loss_args=dict(a.policy_loss_args), distill_estimator=d.estimator if d else "k2",
+                   distill_coef=d.coef if d is not None and d.mode == "loss" else 0.0)
 
 
 def rollout_correction_mode(cfg) -> str:
@@ -142,7 +147,8 @@ def zero_advantage_rows_inert(opts: UpdateOptions) -> bool:
     correct responses) gives them a gradient."""
     a = opts.loss
     return (opts.skip_zero_advantage and policy_loss_inert(a.policy_loss, a.policy_loss_args)
-            and (a.kl_coef == 0 or a.kl_in_reward) and a.entropy_coef == 0 and a.sft_coef == 0)
+            and (a.kl_coef == 0 or a.kl_in_reward) and a.entropy_coef == 0 and a.sft_coef == 0
+            and a.distill_coef == 0)
 
 
 def live_rows(mb: TrainBatch) -> torch.Tensor:
@@ -165,7 +171,7 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
     model.train()
     scale = loss_scale(a)
     skip = zero_advantage_rows_inert(opts)
-    for mb in minibatches(opts.batching, batch, step=step):
+    for index, mb in enumerate(minibatches(opts.batching, batch, step=step)):
         norm = AggNorm.of(mb.response_mask, scale)  # the whole mini-batch's counts, on every rank
         correct = correct_mask(mb, a.sft_correct_score) if a.sft_coef > 0 else None
         sft_norm = AggNorm.of(correct, scale) if correct is not None else None
@@ -182,7 +188,8 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
             if i >= len(micros):
                 idle_backward(a, model, mb, norm, sft_norm, forward=opts.forward)
                 continue
-            loss, per_update, weighted = actor_loss(a, model, micros[i], norm, sft_norm, forward=opts.forward)
+            loss, per_update, weighted = actor_loss(a, model, micros[i], norm, sft_norm, forward=opts.forward,
+                                                    first=index == 0)
             (loss * factor).backward()  # factor 1.0 (exact) unless FSDP2 averages the gradients
             for k, v in per_update.items():
                 losses[k] = losses.get(k, 0.0) + v
@@ -224,10 +231,11 @@ def correct_mask(batch: TrainBatch, correct_score: float) -> torch.Tensor:
 
 
 def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None, *,
-               forward: ForwardOptions):
+               forward: ForwardOptions, first: bool = False):
     """Policy loss (+ KL loss, - entropy bonus, + SFT on correct responses) of one micro-batch,
     as its share of the mini-batch loss; log-probs at the temperature the batch was sampled at.
-    Returns (loss, per-update metrics, token-weighted metrics)."""
+    Returns (loss, per-update metrics, token-weighted metrics). ``first``: a micro-batch of the update's first
+    mini-batch (before any optimizer step), which also reports ``actor/first_ratio_dev`` (credo.guards.logprobs)."""
     fused = mb.old_logprobs is None  # no separate old-log-prob pass: on-policy, old = current (detached)
     needs_entropy = fused or a.entropy_coef != 0 or "entropy" in policy_loss_requirements(a.policy_loss,
                                                                                           a.policy_loss_args)
@@ -252,6 +260,11 @@ def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggN
         kl_loss = agg_loss(kl_penalty(logprobs, mb.ref_logprobs, a.kl_estimator), mask, a.agg, norm=norm)
         loss = loss + a.kl_coef * kl_loss
         per_update["actor/kl_loss"] = float(kl_loss.detach())
+    if a.distill_coef > 0:  # reverse KL to the teacher on the student's samples (credo.algo.distill)
+        d_loss = agg_loss(distill_loss_tokens(logprobs, mb.teacher_logprobs, a.distill_estimator), mask, a.agg,
+                          norm=norm)
+        loss = loss + a.distill_coef * d_loss
+        per_update["distill/kl_loss"] = float(d_loss.detach())
     if a.entropy_coef != 0:
         ent_loss = agg_loss(entropy, mask, a.agg, norm=norm)
         loss = loss - a.entropy_coef * ent_loss
@@ -261,6 +274,8 @@ def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggN
         loss = loss + a.sft_coef * sft
         per_update["actor/sft_loss"] = float(sft.detach())
     weighted = {f"actor/{k}": v for k, v in out.metrics.items()} | corr_metrics
+    if first:  # mean |exp(logprobs - rollout_logprobs) - 1|: the first_ratio guard's measure
+        weighted[FIRST_RATIO_METRIC] = ratio_deviation(logprobs, mb.rollout_logprobs, mask)
     if fused:  # what the skipped pass would have reported
         n = mask.sum().clamp(min=1.0)
         weighted["actor/entropy"] = float((entropy.detach() * mask).sum() / n)

@@ -1,0 +1,49 @@
+"""On-policy distillation's config: the ``distill`` section (``distill: null`` = off)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from credo.config.fields import opt
+
+DISTILL_MODES = ("advantage", "reward", "loss")
+
+
+@dataclass
+class TeacherConfig:
+    path: str | None = opt(None, "the teacher: a local Hugging Face directory, loaded frozen on model.device (its "
+                           "tokenizer must equal the student's)")
+    url: str | None = opt(None, "a vLLM server's base URL scoring the student's tokens with prompt_logprobs (not "
+                          "implemented: use path)")
+
+
+@dataclass
+class DistillConfig:
+    teacher: TeacherConfig = opt(None, "the teacher model that scores the student's sampled tokens",
+                                 factory=TeacherConfig)
+    mode: str = opt("advantage", "how the per-token reverse KL (student minus teacher log-prob on the student's "
+                    "samples) enters: advantage = A_t = reward_weight * A_t + coef * (teacher - student) (Thinking "
+                    "Machines' recipe, undiscounted), reward = dense token rewards into algo.advantage's estimator "
+                    "(group-outcome estimators sum them per sequence), loss = coef * a KL estimator term in the "
+                    "policy loss", choices=DISTILL_MODES)
+    coef: float = opt(1.0, "weight c of the reverse-KL term", min=0.0)
+    reward_weight: float = opt(1.0, "weight w of the verifiable reward (reward mode: of the rewards; advantage and "
+                               "loss modes: of the estimator's advantages); 0 = pure distillation", min=0.0)
+    estimator: str = opt("k2", "loss mode: KL estimator of the loss term (credo.algo.kl: k1, abs, k2, k3, + suffix); "
+                         "k2 (and k1+, k3+) give the per-token reverse-KL gradient, plain k1 a zero-mean one")
+
+
+def validate_distill(cfg) -> None:
+    """A distill section names exactly one teacher and a known estimator; ValueError otherwise (the config loader
+    reports it as a ConfigError under ``distill``)."""
+    from credo.algo.kl import canonical_kl
+
+    d = getattr(cfg, "distill", None)
+    if d is None:
+        return
+    if (d.teacher.path is None) == (d.teacher.url is None):
+        raise ValueError("set exactly one of distill.teacher.path (a local HF directory) and distill.teacher.url; "
+                         "distill: null switches distillation off")
+    try:
+        canonical_kl(d.estimator)
+    except ValueError as exc:
+        raise ValueError(f"distill.estimator: {exc}") from None

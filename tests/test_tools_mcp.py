@@ -1,0 +1,66 @@
+"""The MCP client (credo.tools.mcp_client): a real MCP server built with the mcp package's own server class
+(FastMCP, named MCPServer in mcp 2), run over stdio as a subprocess; its tools listed as schemas and called."""
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from credo.tools.mcp_client import MCPTools  # noqa: E402
+from credo.tools.parsers import get_parser  # noqa: E402
+
+SERVER = textwrap.dedent('''
+    try:
+        from mcp.server.mcpserver import MCPServer
+    except ImportError:  # mcp 1.x
+        from mcp.server.fastmcp import FastMCP as MCPServer
+
+    server = MCPServer("credo-test", log_level="CRITICAL")
+
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+    @server.tool()
+    def shout(text: str) -> str:
+        """Upper-case a text."""
+        return text.upper()
+
+
+    @server.tool()
+    def broken(x: int) -> int:
+        """Always fails."""
+        raise ValueError("no")
+
+
+    if __name__ == "__main__":
+        server.run("stdio")
+''')
+
+
+def test_mcp_round_trip_over_stdio(tmp_path: Path):
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    with MCPTools([sys.executable, str(script)], timeout_s=60) as tools:
+        schemas = {s["function"]["name"]: s["function"] for s in tools.schemas()}
+        assert set(schemas) == {"add", "shout", "broken"}
+        assert schemas["add"]["description"] == "Add two integers."
+        assert schemas["add"]["parameters"]["required"] == ["a", "b"]
+        assert schemas["add"]["parameters"]["properties"]["a"]["type"] == "integer"
+        # a model's Hermes call, parsed and sent to the server: 2 + 40 = 42
+        turn = get_parser("hermes").parse('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call>')
+        assert tools.call(turn.calls[0].name, turn.calls[0].arguments) == ("42", True)
+        assert tools.call("shout", {"text": "hi"}) == ("HI", True)
+        text, ok = tools.call("broken", {"x": 1})  # the tool raised on the server: an error result, not a crash
+        assert not ok and text.startswith("error:")
+        text, ok = tools.call("add", {"a": "two", "b": 1})  # refused before the server by the listed schema
+        assert not ok and "must be integer" in text
+        assert tools.call("nope", {})[1] is False
+    assert not tools._thread.is_alive()
