@@ -37,7 +37,7 @@ def validate_distill(cfg) -> None:
     reports it as a ConfigError under ``distill``)."""
     from credo.algo.kl import canonical_kl
 
-    d = getattr(cfg, "distill", None)
+    d = cfg.distill
     if d is None:
         return
     if (d.teacher.path is None) == (d.teacher.url is None):

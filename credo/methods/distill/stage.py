@@ -23,7 +23,7 @@ from credo.types import TrainBatch
 def needs_student_logprobs(cfg: RunConfig) -> bool:
     """Whether the step needs the student's no-grad log-probs before the update (any distill mode: the reverse-KL
     metrics, and the reward and advantage modes' terms)."""
-    return getattr(cfg, "distill", None) is not None
+    return cfg.distill is not None
 
 
 def apply_distill(cfg: RunConfig, teacher, batch: TrainBatch, metrics: dict, timer: Timer,
@@ -51,7 +51,7 @@ def apply_distill(cfg: RunConfig, teacher, batch: TrainBatch, metrics: dict, tim
 def apply_distill_advantages(cfg: RunConfig, batch: TrainBatch, metrics: dict) -> None:
     """Advantage and loss modes: ``batch.advantages`` weighted by ``w``, plus (advantage mode) the per-token
     ``c * (q_t - s_t)``. Reward mode left them to the estimator."""
-    d = getattr(cfg, "distill", None)
+    d = cfg.distill
     if d is None or d.mode == "reward" or batch.teacher_logprobs is None:
         return
     coef = d.coef if d.mode == "advantage" else 0.0
