@@ -184,3 +184,20 @@ def test_agent_run_gets_the_agent_plot(tmp_path):
     _write_jsonl(tmp_path / "metrics.jsonl", [{"step": 1, "reward/mean": 0.5}])
     write_report(tmp_path)
     assert not (tmp_path / "plots" / "agent.png").exists()
+
+
+def test_report_and_atomic_files_get_the_umask_permissions_not_mkstemps_0600(tmp_path):
+    # regression: atomic writes went through mkstemp, whose 0600 left report.html / inspect pages unreadable to
+    # anyone but the owner; a plain open() gives 0666 & ~umask (0644 under the usual umask 022)
+    import os
+
+    from credo.tracking.atomic import atomic_write_text, current_umask
+
+    old = os.umask(0o022)
+    try:
+        assert current_umask() == 0o022
+        atomic_write_text(tmp_path / "page.html", "<p>x</p>")
+        assert (tmp_path / "page.html").stat().st_mode & 0o777 == 0o644
+        assert (tmp_path / "page.html").read_text() == "<p>x</p>"
+    finally:
+        os.umask(old)

@@ -74,8 +74,7 @@ def ratio_deviation(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask
 def on_policy(trajs: list[Trajectory], step: int) -> bool:
     """Whether step ``step``'s rows were all sampled by the policy being updated (policy lag 0; a partial rollout's
     tokens each by that policy, where the row records per-token versions)."""
-    return bool(trajs) and all(t.policy_version == step and all(v == step for v in getattr(t, "token_versions", None)
-                                                                 or ()) for t in trajs)
+    return bool(trajs) and all(t.policy_version == step and all(v == step for v in t.token_versions) for t in trajs)
 
 
 def check_first_ratio(guards: Guards, metrics: dict[str, float], trajs: list[Trajectory], *, step: int) -> None:

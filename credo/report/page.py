@@ -15,15 +15,14 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from credo.report.plots import TIMING_TOTAL, PlotFile, keys_with_prefix, make_plots, series
+from credo.tracking.atomic import atomic_write_text
 from credo.tracking.metrics import read_metrics
 
 __all__ = ["write_report", "summarize", "merge_by_step"]
@@ -226,17 +225,6 @@ def render_html(
     )
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # ------------------------------------------------------------------------------------------ entry
 
 
@@ -261,5 +249,5 @@ def write_report(run_dir: str | Path) -> Path:
     summary_json = _read_summary_json(run_dir / "summary.json")
     page = render_html(run_dir, summarize(rows), summary_json, plots, config_text)
     report_path = run_dir / REPORT_NAME
-    _atomic_write_text(report_path, page)
+    atomic_write_text(report_path, page)
     return report_path
