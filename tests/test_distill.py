@@ -106,13 +106,13 @@ def test_teacher_with_another_vocabulary_is_refused(tmp_path: Path):
         check_same_vocab(Tok({"a": 0, "b": 1}), Tok({"a": 1, "b": 0}), "x")
 
 
-def test_config_needs_one_teacher_and_the_server_path_is_not_implemented():
+def test_config_needs_one_teacher_and_a_server_teacher_must_answer():
     with pytest.raises(ConfigError, match="exactly one of distill.teacher.path"):
         load_config(None, ["distill.mode=loss"])
     with pytest.raises(ConfigError, match="distill.estimator"):
         load_config(None, ["distill.teacher.path=x", "distill.estimator=k9"])
-    cfg = load_config(None, ["distill.teacher.url=http://127.0.0.1:1"])
-    with pytest.raises(NotImplementedError, match="prompt_logprobs is not implemented"):
+    cfg = load_config(None, ["distill.teacher.url=http://127.0.0.1:1"])  # served: tests/test_vllm_scoring.py
+    with pytest.raises(ConfigError, match="cannot reach a vLLM server"):
         load_teacher(cfg, None)
     assert load_config(None, []).distill is None
 

@@ -38,6 +38,8 @@ def test_three_step_train_through_the_cli(tmp_path):
     # the engine served each step's fresh policy: its log-probs are the trainer's (float32 both sides)
     assert all(r["rollout/logprob_abs_diff"] < 1e-5 for r in rows)
     assert all("rollout_corr/is_mean" in r for r in rows)  # rollout correction is on by default with vllm
+    # the weight_sync guard's probe (credo.guards.weights) checked vLLM after each sync and passed (counter present)
+    assert all(r.get("guard/weight_sync_trips") == 0.0 for r in rows)
 
 
 @pytest.mark.parametrize("preset,extra", [("attnrl", []), ("agent_calc", ["eval.size=4"])])

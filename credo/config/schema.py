@@ -408,6 +408,10 @@ class GuardsConfig:
                            "tokens (credo's HF engine in float32: ~1e-7; raise it for a bf16 engine)", min=0.0)
     weight_tol: float = opt(1e-5, "weight_sync: largest allowed relative difference of the weight fingerprints "
                             "(the engine may hold the weights in another dtype)", min=0.0)
+    probe_tol: float | None = opt(None, "weight_sync on engines without a fingerprint (vLLM): largest allowed mean "
+                                  "abs difference of a fixed probe's log-probs, engine vs trainer; null = 1e-3 for "
+                                  "a float32 engine (measured ~1e-7), 1e-2 for a 16-bit or auto one (bf16: ~2e-3; "
+                                  "docs/guards.md)", min=0.0)
     tool_calls: str = opt("warn", "tool runs: a step in which the model attempted no tool call", choices=GUARD_MODES)
     env_failures: str = opt("warn", "agent runs: a step with episodes the environment failed on (they are left out "
                             "of the update, never trained on as empty steps)", choices=GUARD_MODES)

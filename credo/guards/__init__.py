@@ -6,7 +6,8 @@ metrics (cumulative over the run). The checks themselves live next to what they 
 :meth:`Guards.check`:
 
 - ``weight_sync``: after each sync the rollout engine serves the weights the trainer trained (a fingerprint of the
-  trained parameters, LoRA adapters included, compared with the engine's; credo.guards.weights);
+  trained parameters, LoRA adapters included, compared with the engine's; or, for a vLLM engine, its log-probs of a
+  fixed probe sequence against the trainer's; credo.guards.weights);
 - ``finite_logprobs``: every sampled response token has a finite behaviour log-prob (none zero-filled or NaN);
 - ``first_ratio``: on an on-policy step the ratio of the first mini-batch against the sampler's log-probs is 1
   (trainer and engine agree; credo.guards.logprobs, as ``finite_logprobs``);

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 import torch
 from transformers import DynamicCache
 
-from credo.guards.weights import weights_fingerprint
+from credo.guards.weights import model_token_logprobs, weights_fingerprint
 from credo.models.compat import cache_kwargs, output_cache
 from credo.models.lora import adapter_state, is_lora, load_adapter_state
 from credo.models.vision import example_pixels, image_token_id, is_vision_model
@@ -107,6 +107,10 @@ class HFRolloutEngine:
         """The served weights' fingerprint (credo.guards.weights): the weight_sync guard compares it with the
         trainer's after every sync."""
         return weights_fingerprint(self.model)
+
+    def score_ids(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """Log-probs of given token ids under the served weights (the vLLM engine's contract, temperature 1)."""
+        return model_token_logprobs(self.model, sequences, starts)
 
     # -------------------------------------------------------------- token-level API (agent loops)
 

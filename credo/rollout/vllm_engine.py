@@ -18,6 +18,8 @@ or against an OpenAI-compatible vLLM server (``rollout.vllm.mode``: :mod:`credo.
   right after the first occurrence either way.
 - Weights: :meth:`update_weights` is vLLM's own RL weight-transfer protocol with credo's ``credo_safetensors``
   backend (:mod:`credo.rollout.vllm_sync`), versioned (vLLM's ``weight_version``), then the prefix cache is reset.
+- Scoring: :meth:`score_ids` gives the served policy's log-probs of given token ids (vLLM's ``prompt_logprobs``,
+  temperature 1); the weight_sync guard scores a fixed probe with it after every sync (credo.guards.weights).
 - Memory: with ``rollout.vllm.sleep`` (CUDA; vLLM's CPU build has no sleep mode) vLLM sleeps (level 1: weights to
   host memory, KV cache freed) after each generation call and wakes for the next one or a weight sync.
 - Temporary model folder: :meth:`from_model` saves the in-memory policy to a ``credo-vllm-*`` folder for vLLM to
@@ -169,6 +171,24 @@ class VLLMRolloutEngine:
             for i, c in enumerate(out):
                 on_finish(i, c)
         return out
+
+    def score_ids(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """Row i: the log-prob of ``sequences[i][j]`` given ``sequences[i][:j]`` for j = starts[i] .. end, from
+        vLLM's ``prompt_logprobs`` (the served weights, raw log-softmax: temperature 1 whatever the sampling
+        temperature; prefix caching is skipped for these requests). NaN where vLLM gave no value (and at j = 0,
+        which has no context), never 0.0. Used by the weight_sync guard's probe (credo.guards.weights)."""
+        if len(starts) != len(sequences):
+            raise ValueError(f"score_ids: {len(sequences)} sequences but {len(starts)} starts")
+        if any(not 0 <= s <= len(q) for q, s in zip(sequences, starts)):
+            raise ValueError("score_ids: every start must lie in 0..len(sequence)")
+        rows = [i for i, q in enumerate(sequences) if q]
+        scored = self.transport.score([list(sequences[i]) for i in rows]) if rows else []
+        if rows and self.options.sleep:
+            self.transport.sleep()
+        full: list[list[float]] = [[] for _ in sequences]
+        for i, lp in zip(rows, scored):
+            full[i] = lp
+        return [lp[s:] for lp, s in zip(full, starts)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}

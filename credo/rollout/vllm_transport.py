@@ -1,6 +1,7 @@
 """The two ways :class:`~credo.rollout.vllm_engine.VLLMRolloutEngine` reaches vLLM, behind one interface:
 ``complete(prompts, requests) -> list[Sample]`` (one token-id prompt and one request's sampling arguments per row),
-``sync(state, version)``, ``served_version()``, ``sleep()`` / ``wake()`` and ``close()``.
+``score(sequences)`` (prompt log-probs, :meth:`VLLMRolloutEngine.score_ids`), ``sync(state, version)``,
+``served_version()``, ``sleep()`` / ``wake()`` and ``close()``.
 
 - :class:`InProcessVLLM`: a ``vllm.LLM`` in this process (vLLM runs its engine core in a child process of its
   own; on CPU it spawns, so a script that starts one needs the ``if __name__ == "__main__":`` guard).
@@ -108,6 +109,64 @@ def top_list(entries: Any, k: int) -> list[float]:
     return sorted(entries, reverse=True)[:k]
 
 
+# prompt scoring (score_ids): a one-token completion that returns the prompt's own log-probs; temperature 0 only
+# keeps the one sampled token deterministic (vLLM's prompt log-probs skip the sampling processors: they are the raw
+# log-softmax, temperature 1, whatever the sampling arguments and logprobs_mode)
+SCORE_REQUEST = dict(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+CLAMPED = -9999.0  # vLLM's OpenAI server writes a -inf prompt log-prob as -9999.0
+
+
+def prompt_token_logprobs(ids: list[int], entries: Any) -> list[float]:
+    """Position j's log-prob of ``ids[j]`` given ``ids[:j]`` from vLLM's ``prompt_logprobs`` (one entry per
+    position: None, or a dict token id -> ``Logprob`` in process / ``{"logprob": x}`` with string keys from the
+    server); NaN where vLLM gave none (always at position 0), never 0.0."""
+    out = [float("nan")] * len(ids)
+    for j, (t, entry) in enumerate(zip(ids, list(entries or []))):
+        if not entry:
+            continue
+        value = entry.get(t, entry.get(str(t)))
+        if isinstance(value, dict):  # the server's JSON
+            value = value.get("logprob")
+        elif value is not None and hasattr(value, "logprob"):  # in process: a vllm Logprob
+            value = value.logprob
+        if value is not None:
+            out[j] = float("-inf") if float(value) == CLAMPED else float(value)
+    return out
+
+
+class VLLMScorer:
+    """Prompt scoring against any vLLM OpenAI-compatible server (no RL routes needed): the server mode's
+    :meth:`ServerVLLM.score` and the distillation teacher's (``distill.teacher.url``). Requests run
+    ``concurrency`` at a time."""
+
+    def __init__(self, url: str, *, timeout_s: float = 600.0, concurrency: int = 16) -> None:
+        self.url = url.rstrip("/")
+        self.http = HTTPWeightSync(self.url, timeout_s=timeout_s)  # its post(): JSON in, JSON out, clear errors
+        with urllib.request.urlopen(f"{self.url}/v1/models", timeout=timeout_s) as resp:
+            self.model_name = json.loads(resp.read())["data"][0]["id"]
+        self.pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="credo-vllm-score")
+
+    def _score_one(self, ids: list[int]) -> list[float]:
+        body = {"model": self.model_name, "prompt": list(ids), **SCORE_REQUEST}
+        choice = self.http.post("v1/completions", body)["choices"][0]
+        return prompt_token_logprobs(list(ids), choice.get("prompt_logprobs"))
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Per sequence (non-empty), position j's log-prob of token j given the tokens before it (NaN at 0)."""
+        return list(self.pool.map(self._score_one, sequences))
+
+    def tokenize(self, text: str) -> list[int]:
+        """The server's token ids of ``text`` (no special tokens added)."""
+        body = {"model": self.model_name, "prompt": text, "add_special_tokens": False}
+        return list(self.http.post("tokenize", body)["tokens"])
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.http.post("detokenize", {"model": self.model_name, "tokens": list(ids)})["prompt"]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 class InProcessVLLM:
     def __init__(self, model_path: str | Path, *, seed: int, opts: VLLMOptions) -> None:
         from vllm import LLM
@@ -124,6 +183,15 @@ class InProcessVLLM:
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
                                  [SamplingParams(**r) for r in requests], use_tqdm=False)
         return [self._sample(o.outputs[0], r["logprobs"]) for o, r in zip(outs, requests)]
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Per sequence (non-empty), position j's log-prob of token j given the tokens before it (NaN at 0)."""
+        from vllm import SamplingParams
+
+        self.wake()
+        outs = self.llm.generate([{"prompt_token_ids": list(q)} for q in sequences],
+                                 SamplingParams(**SCORE_REQUEST, detokenize=False), use_tqdm=False)
+        return [prompt_token_logprobs(list(q), o.prompt_logprobs) for q, o in zip(sequences, outs)]
 
     @staticmethod
     def _sample(comp: Any, k: int) -> Sample:
@@ -211,6 +279,7 @@ class ServerVLLM:
         self.proc: subprocess.Popen | None = None
         self._stop: weakref.finalize | None = None
         self.log_path: Path | None = None
+        self.scorer: VLLMScorer | None = None  # made on the first score()
         if url is None:
             url = self._start(model_path, seed=seed, log_dir=log_dir)
         self.url = url.rstrip("/")
@@ -275,6 +344,13 @@ class ServerVLLM:
     def complete(self, prompts: list[list[int]], requests: list[dict[str, Any]]) -> list[Sample]:
         return list(self.pool.map(self._complete_one, prompts, requests))
 
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """As :meth:`VLLMScorer.score` (``/v1/completions`` with ``prompt_logprobs``), on this server."""
+        if self.scorer is None:
+            self.scorer = VLLMScorer(self.url, timeout_s=self.opts.request_timeout_s,
+                                     concurrency=self.opts.server_concurrency)
+        return self.scorer.score(sequences)
+
     def sync(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.weights.sync(state, version=version)
         self.weights.post("reset_prefix_cache")  # cached prefixes hold keys and values of the old weights
@@ -292,5 +368,7 @@ class ServerVLLM:
         pool = self.__dict__.pop("pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        if self.scorer is not None:
+            self.scorer.close()
         if self._stop is not None:
             self._stop()

@@ -12,8 +12,9 @@ DISTILL_MODES = ("advantage", "reward", "loss")
 class TeacherConfig:
     path: str | None = opt(None, "the teacher: a local Hugging Face directory, loaded frozen on model.device (its "
                            "tokenizer must equal the student's)")
-    url: str | None = opt(None, "a vLLM server's base URL scoring the student's tokens with prompt_logprobs (not "
-                          "implemented: use path)")
+    url: str | None = opt(None, "a vLLM OpenAI-compatible server's base URL scoring the student's tokens with "
+                          "prompt_logprobs (temperature 1; its tokenizer must decode the student's ids as the "
+                          "student's does)")
 
 
 @dataclass
