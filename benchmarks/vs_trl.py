@@ -3,17 +3,22 @@
 Both run on the CPU from the same initial weights (a Hugging Face directory written first), the same prompt pool,
 the same reward, group size G, P prompts per step, at most T new tokens at temperature 1, no KL term, and one
 optimizer step per rollout batch (TRL: num_iterations=1, steps_per_generation=1; credo: ppo_epochs=1, one
-mini-batch). Each framework runs in its own subprocess with the same torch thread count; a step is the whole
+mini-batch). Each framework runs in its own subprocesses with the same torch thread count; a step is the whole
 iteration (generation, reward, log-probs, update), timed by TRL's step callbacks and by credo's `timing_s/step`.
-The first `--warmup` steps are left out of the medians. TRL is an optional extra: pip install -e '.[bench]'.
+The two frameworks alternate in `--rounds` short rounds (TRL, credo, TRL, credo, ...: benchmarks/harness.py), each
+round a fresh process of `--steps` steps whose first `--warmup` are left out; the result is the ratio of the median
+step times, credo / TRL, with a bootstrap 95% interval over the pooled steps (independent samples), printed as
+`credo / TRL step time: R x [lo, hi]`; the raw series go to a JSON file. TRL is an optional extra:
+pip install -e '.[bench]'.
 
 The initial policies solve some prompts and not others, as an RL run starts: the demo's model after its SFT warm
 start, SmolLM2 on one-digit addition. Each framework's mean reward is printed, and for credo the share of rows
 left out of the update because all their advantages are zero (exact for GRPO without KL: see
-docs/performance.md); `--ablation` also runs credo with each of its step-time features turned off in turn.
+docs/performance.md); `--ablation` also compares credo with each of its step-time features turned off in turn
+against credo with all on.
 
     python benchmarks/vs_trl.py                     # the demo's tiny model on string reversal
-    python benchmarks/vs_trl.py --model smollm2 --chat --max-new-tokens 48 --prompts 4 --steps 5 --warmup 1
+    python benchmarks/vs_trl.py --model smollm2 --chat --max-new-tokens 48 --prompts 4 --rounds 3 --steps 3 --warmup 1
         # SmolLM2-135M-Instruct asked one-digit sums through its chat template (credo model prepare smollm2)
 """
 from __future__ import annotations
@@ -144,23 +149,59 @@ def run_credo(args, model_dir: str, out: Path) -> dict[str, list[float]]:
             "skipped": [r.get("actor/skipped_rows_frac", 0.0) for r in rows]}
 
 
+def _child_cmd(args, name: str, model_dir: str, out: Path, overrides: list[str]):
+    """argv of one round of one side, as a function of the round index (each round its own output folder)."""
+    def argv(i: int) -> list[str]:
+        run_out = tempfile.mkdtemp(dir=out, prefix=f"{name}-{i}-")  # never shared: credo appends to metrics
+        return [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--prompts",
+                str(args.prompts), "--group", str(args.group), "--max-new-tokens", str(args.max_new_tokens),
+                "--threads", str(args.threads), *(["--chat"] if args.chat else []), "--only", name, "--model-dir",
+                model_dir, "--out", run_out] + (["--credo", *overrides] if overrides else [])
+    return argv
+
+
+def _summary(cmp, side: int) -> str:
+    """Mean reward (and credo's share of skipped rows) over one side's rounds."""
+    rounds = cmp.raw["rounds_a" if side == 0 else "rounds_b"]
+    rewards = [r for out in rounds for r in out.get("reward", [])]
+    text = f"{cmp.labels[side]}: mean reward {statistics.mean(rewards):.3f}" if rewards else cmp.labels[side]
+    skipped = [x for out in rounds for x in out.get("skipped", [])]
+    if skipped:
+        text += f"; rows left out of the update (all-zero advantages) {statistics.mean(skipped):.0%}"
+    return text
+
+
+def _pairs(args) -> list[tuple[str, tuple[str, str], tuple[str, list[str]], tuple[str, list[str]]]]:
+    """(name, labels, side A, side B): A = TRL (reference), B = credo; then, with --ablation, A = credo and
+    B = credo with one feature off. A side is (child --only name, credo overrides)."""
+    pairs = [("credo / TRL step time", ("TRL", "credo"), ("trl", []), ("credo", args.credo))]
+    if args.ablation:
+        pairs += [(f"credo, {name} off / credo step time", ("credo", f"credo, {name} off"),
+                   ("credo", args.credo), ("credo", [*args.credo, override])) for name, override in ABLATIONS.items()]
+    return pairs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=tuple(TASKS), default="tiny")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds: one process per side per round")
+    ap.add_argument("--steps", type=int, default=7, help="steps per process (round)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of each process left out")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per step (P)")
     ap.add_argument("--group", type=int, default=8, help="samples per prompt (G)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: 12 (tiny), 24 (smollm2)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    ap.add_argument("--json", help="raw series and metadata (default: runs/bench/<name>-<time>.json)")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per process")
     ap.add_argument("--chat", action="store_true", help="instruct-style prompts through the chat template, "
                     "`number` reward (short answers, a few long ones: ragged batches)")
     ap.add_argument("--only", choices=("prepare", "trl", "credo"), help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--credo", nargs="*", default=[], help="extra credo overrides, e.g. train.pack=true")
-    ap.add_argument("--ablation", action="store_true", help="also run credo with each of its step-time features "
-                    "turned off in turn (" + ", ".join(ABLATIONS) + ")")
+    ap.add_argument("--ablation", action="store_true", help="also compare credo with each of its step-time "
+                    "features turned off in turn (" + ", ".join(ABLATIONS) + ") against credo with all on")
     args = ap.parse_args()
     args.max_new_tokens = args.max_new_tokens or (12 if args.model == "tiny" else 24)
     if args.only == "prepare":
@@ -170,9 +211,8 @@ def main() -> None:
         fn = run_trl if args.only == "trl" else run_credo
         print("TIMES " + json.dumps(fn(args, args.model_dir, Path(args.out))))
         return
-    runs = [("trl", "trl", []), ("credo", "credo", args.credo)]
-    if args.ablation:
-        runs += [(f"credo, {name} off", "credo", [*args.credo, override]) for name, override in ABLATIONS.items()]
+    import harness  # benchmarks/ (this script's directory) is on sys.path
+
     with tempfile.TemporaryDirectory() as tmp:
         # every torch computation runs in a child process: a parent that has run torch itself (the warm start)
         # slows its children down (measured 0.087 s -> 0.113 s per credo step of the tiny model)
@@ -181,30 +221,23 @@ def main() -> None:
         line = next((x for x in proc.stdout.splitlines() if x.startswith("MODEL ")), None)
         if proc.returncode or line is None:
             sys.exit(f"preparing the initial weights failed:\n{proc.stderr[-3000:]}")
-        model_dir = line[6:]
-        medians = {}
-        for label, name, overrides in runs:
-            cmd = [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--prompts",
-                   str(args.prompts), "--group", str(args.group), "--max-new-tokens", str(args.max_new_tokens),
-                   "--threads", str(args.threads), *(["--chat"] if args.chat else []), "--only", name, "--model-dir",
-                   str(model_dir), "--out", str(Path(tmp) / f"run{len(medians)}")] + (["--credo", *overrides] if overrides else [])
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("TIMES ")), None)
-            if proc.returncode or line is None:
-                sys.exit(f"{label} failed:\n{proc.stderr[-3000:]}")
-            result = json.loads(line[6:])
-            times = result["times"][args.warmup:]
-            medians[label] = statistics.median(times)
-            extra = f"; mean reward {statistics.mean(result['reward']):.3f}" if result["reward"] else ""
-            if "skipped" in result:
-                extra += f"; rows left out of the update (all-zero advantages) {statistics.mean(result['skipped']):.0%}"
-            print(f"{label:<6} median step {medians[label]:.3f} s over {len(times)} steps "
-                  f"(all: {', '.join(f'{t:.2f}' for t in times)}){extra}", flush=True)
-    print(f"model {args.model}; {args.prompts} prompts x {args.group} samples, <= {args.max_new_tokens} new tokens, "
-          f"{args.threads} threads{', chat prompts' if args.chat else ''}")
-    for label in medians:
-        if label != "trl":
-            print(f"{label} / TRL step time: {medians[label] / medians['trl']:.2f}x")
+        model_dir, out = line[6:], Path(tmp)
+        print(f"model {args.model}; {args.prompts} prompts x {args.group} samples, <= {args.max_new_tokens} new "
+              f"tokens, {args.threads} threads{', chat prompts' if args.chat else ''}; {args.rounds} rounds of "
+              f"{args.steps} steps per side ({args.warmup} warm-up steps per process left out)", flush=True)
+        pairs = _pairs(args)
+        for k, (name, labels, (side_a, over_a), (side_b, over_b)) in enumerate(pairs):
+            try:
+                cmp = harness.run_rounds(
+                    _child_cmd(args, side_a, model_dir, out, over_a), _child_cmd(args, side_b, model_dir, out, over_b),
+                    rounds=args.rounds, warmup=args.warmup, marker="TIMES ", timeout=args.timeout, name=name,
+                    labels=labels, seed=args.seed)
+            except (RuntimeError, ValueError) as err:
+                sys.exit(f"{name}: {err}")
+            cmp.meta["benchmark"] = vars(args)
+            print(f"{_summary(cmp, 0)}; {_summary(cmp, 1)}")
+            path = Path(args.json) if args.json else None  # ablations: NAME-1.json, NAME-2.json, ...
+            harness.report(cmp, path.with_stem(f"{path.stem}-{k}") if path and k else path)
 
 
 if __name__ == "__main__":

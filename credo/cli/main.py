@@ -1,5 +1,5 @@
-"""The ``credo`` command line: train | sft | eval | export | compare | report | inspect | list | rm | rlep | sandbox |
-env | model.
+"""The ``credo`` command line: train | sft | eval | export | compare | report | inspect | plan | list | rm | rlep |
+sandbox | env | model.
 
 Every command that takes a configuration accepts ``--config PRESET`` (a YAML file or a preset
 name from ``configs/``) and any number of ``key=value`` overrides (``train.lr=1e-3``). A bad
@@ -26,6 +26,7 @@ from credo.config.preflight import preflight
 from credo.guards import GuardError
 from credo.methods.reward_models import cli as rm_cli
 from credo.inspect import cli as inspect_cli
+from credo.plan import cli as plan_cli
 from credo.methods.rlep import cli as rlep_cli
 from credo.cli import export as export_cli
 
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     rlep_cli.add_commands(sub)  # credo rlep collect (credo.methods.rlep)
     export_cli.add_commands(sub)  # credo export RUN_DIR --out DIR (a LoRA adapter merged into its base)
     inspect_cli.add_commands(sub)  # credo inspect RUN --step N (credo.inspect)
+    plan_cli.add_commands(sub)  # credo plan --config X --gpus N --gpu-mem-gb M (credo.plan)
     add_run_tools(sub)
     add_service_commands(sub)
     return parser
