@@ -34,9 +34,9 @@ def _script(monkeypatch, every: int) -> None:
 
     real = HFRolloutEngine.continue_ids
 
-    def continue_ids(self, prefixes, sampling, *, stop_ids=(), top_logprobs=0, stop_sequences=()):
+    def continue_ids(self, prefixes, sampling, *, stop_ids=(), top_logprobs=0, stop_sequences=(), **kw):
         out = real(self, prefixes, sampling, stop_ids=stop_ids, top_logprobs=top_logprobs,
-                   stop_sequences=stop_sequences)
+                   stop_sequences=stop_sequences, **kw)
         for i, prefix in enumerate(prefixes):
             if i % every == 0:
                 text = "<answer>3</answer>" if "= 3\n" in self.tokenizer.decode(prefix) else "<tool>1+2</tool>"

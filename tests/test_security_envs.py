@@ -273,7 +273,7 @@ def scripted(monkeypatch):
     barely-trained model reaches the server."""
     from credo.rollout.hf import Continuation, HFRolloutEngine
 
-    def continue_ids(self, prefixes, sampling, *, stop_ids=(), top_logprobs=0, stop_sequences=()):
+    def continue_ids(self, prefixes, sampling, *, stop_ids=(), top_logprobs=0, stop_sequences=(), sessions=None):
         out = []
         for prefix in prefixes:
             text = "<answer>3</answer>" if "= 3\n" in self.tokenizer.decode(prefix) else "<tool>1+2</tool>"

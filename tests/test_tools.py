@@ -33,7 +33,7 @@ class Scripted:
     """An engine whose k-th continuation of every prefix is ``turns(k, prefix)`` and the end-of-turn token."""
 
     model_config = type("Cfg", (), {"max_position_embeddings": None})()
-    policy_version, generator = 0, None
+    policy_version, generator, kv_sessions = 0, None, False
 
     def __init__(self, tok, eot: int, turns):
         self.tok, self.eot, self.turns, self.calls = tok, eot, turns, 0

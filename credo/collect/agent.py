@@ -192,7 +192,8 @@ def make_loop(a: AgentCollectorConfig, engine, tokenizer, *, max_turns: int) -> 
     return AgentLoop(engine, tokenizer, tools.template() if tools else make_template(a, tokenizer), max_turns=max_turns,
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
                      threads=a.threads, top_logprobs=top_logprobs, stop_sequences=action_stop_sequences(a, tokenizer),
-                     max_total_tokens=getattr(engine.model_config, "max_position_embeddings", None), tools=tools)
+                     max_total_tokens=getattr(engine.model_config, "max_position_embeddings", None), tools=tools,
+                     kv_reuse=a.kv_reuse and engine.kv_sessions)
 
 
 def step_horizon(a: AgentCollectorConfig, step: int) -> int:
@@ -344,6 +345,10 @@ def shape_rewards(results: list[RewardResult], trajs: list[Trajectory], *, turn_
     return out
 
 
+def _share(reused: int, prefilled: int) -> float:
+    return reused / (reused + prefilled) if reused + prefilled else 0.0
+
+
 def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix: str) -> dict[str, float]:
     n = max(len(trajs), 1)
     turn_tokens = [e - s for t in trajs for s, e in t.turns]
@@ -356,6 +361,10 @@ def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix
         f"{prefix}/tokens_per_turn": statistics.fmean(turn_tokens) if turn_tokens else 0.0,
         f"{prefix}/cut_by_horizon": sum(t.info["cut"] == "max_turns" for t in trajs) / n,
         f"{prefix}/cut_by_length": sum(t.info["cut"] in ("max_response_tokens", "max_positions") for t in trajs) / n,
+        # per episode: tokens prefilled over its turns, and the share of its turns' prefixes read from its KV session
+        f"{prefix}/prefill_tokens": sum(t.info.get("prefill_tokens", 0) for t in trajs) / n,
+        f"{prefix}/kv_reused_frac": _share(sum(t.info.get("kv_reused_tokens", 0) for t in trajs),
+                                           sum(t.info.get("prefill_tokens", 0) for t in trajs)),
     }
     by_env: dict[str, list[bool]] = defaultdict(list)
     for r, t in zip(results, trajs):

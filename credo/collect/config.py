@@ -61,6 +61,9 @@ class AgentCollectorConfig:
     max_tokens_per_turn: int = opt(24, "generated tokens per assistant turn", min=1)
     max_response_tokens: int = opt(256, "token budget of a whole episode after the prompt", min=8)
     threads: int = opt(8, "concurrent environment steps", min=1)
+    kv_reuse: bool = opt(True, "keep each episode's KV cache across turns, so a turn prefills only its new tokens "
+                         "(HF engine, Llama-family models; vLLM reuses through its prefix cache); false re-prefills "
+                         "the history every turn")
     timeout_s: float = opt(30.0, "per-call timeout of HTTP environments", min=0.01)
     retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0)
     max_env_failure_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes "

@@ -230,6 +230,7 @@ class RolloutPool:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(seed)
         self.policy_version = 0
+        self.kv_sessions = False  # a session's keys / values would live in whichever worker ran its row
         dtype = next(model.parameters()).dtype
         config = model.config
         self._rm_scratch: weakref.finalize | None = None

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from credo.envs import EnvClient, EnvError
 from credo.models.tokenizer import encode_prompt
+from credo.rollout.kv_reuse import KVSession
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 
@@ -108,6 +109,9 @@ class Episode:
     branched_from: int | None = None  # index in its group of the episode this one was copied from (branching)
     fork_at: int = 0  # response tokens shared with that episode
     tools: Any = None  # credo.tools.episode.ToolState of a structured-tools run (messages, call counters)
+    kv: Any = None  # credo.rollout.kv_reuse.KVSession: the history's keys / values while the episode runs
+    prefill_tokens: int = 0  # tokens its turns ran through a prefill
+    reused_tokens: int = 0  # tokens its turns read from its KV session instead
 
     def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.response_ids += ids
@@ -132,10 +136,12 @@ class AgentLoop:
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # e.g. the action's closing tag: the turn ends there (ARPO)
     max_total_tokens: int | None = None  # prompt + response cap (the model's positions); None = unlimited
     tools: Any = None  # credo.tools.episode.ToolMode: turns are structured tool calls (docs/tools.md)
+    kv_reuse: bool = False  # keep each episode's KV cache across turns (the engine's sessions, kv_reuse.py)
 
     def start(self, examples: list[Example], clients: list[EnvClient], group_ids: list[int]) -> list[Episode]:
         """Reset every client on its example's task; a failing reset ends that episode as an env failure."""
-        episodes = [Episode(ex, g, c, int(ex.meta["task_id"])) for ex, c, g in zip(examples, clients, group_ids)]
+        episodes = [Episode(ex, g, c, int(ex.meta["task_id"]), kv=KVSession() if self.kv_reuse else None)
+                    for ex, c, g in zip(examples, clients, group_ids)]
 
         def reset(ep: Episode) -> None:
             try:
@@ -159,10 +165,15 @@ class AgentLoop:
         sp = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             greedy=sampling.greedy, seed=sampling.seed, max_new_tokens=self.max_tokens_per_turn)
         prefixes = [ep.prompt_ids + ep.response_ids + self.template.assistant_prefix for ep in active]
+        kv = {"sessions": [ep.kv for ep in active]} if self.kv_reuse else {}
         conts = self.engine.continue_ids(prefixes, sp, stop_ids=(self.template.end_of_turn,),
-                                         top_logprobs=self.top_logprobs, stop_sequences=self.stop_sequences)
+                                         top_logprobs=self.top_logprobs, stop_sequences=self.stop_sequences, **kv)
         texts = []
-        for ep, cont in zip(active, conts):
+        for ep, cont, prefix in zip(active, conts, prefixes):
+            if ep.kv is not None:  # the session's running counts (the engine knows what it read from the cache)
+                ep.prefill_tokens, ep.reused_tokens = ep.kv.prefilled_tokens, ep.kv.reused_tokens
+            else:
+                ep.prefill_tokens += len(prefix)
             ep.add(self.template.assistant_prefix, 0)
             start = len(ep.response_ids)
             ep.add(cont.ids, 1, cont.logprobs)
@@ -175,6 +186,9 @@ class AgentLoop:
             if not ended and (cont.finish_reason == "stop" or self.tools is not None):  # the template closes it
                 ep.add(self.template.close_turn, 0)
         self._parallel(lambda pair: self._step(*pair), list(zip(active, texts)))
+        for ep in active:
+            if ep.done and ep.kv is not None:  # its keys / values are not needed any more (the counts stay)
+                ep.kv.clear()
         for ep in active if self.tools is not None else []:
             if ep.done and ep.tools is not None:  # the re-render check (credo.tools.render), once per episode
                 self.tools.finish(ep.tools, ep.prompt_ids + ep.response_ids, ep.example.uid)
@@ -238,7 +252,8 @@ def to_trajectory(ep: Episode, tokenizer) -> tuple[Trajectory, RewardResult]:
     finish = "eos" if ep.done and not ep.cut and not ep.env_failure else "length"
     info = {"num_turns": len(ep.turns), "tool_calls": ep.tool_calls, "invalid_actions": ep.invalid_actions,
             "env_failure": ep.env_failure, "success": ep.success, "cut": ep.cut, "env": ep.client.name,
-            "branched_from": ep.branched_from, "fork_at": ep.fork_at, **(ep.tools.info() if ep.tools else {})}
+            "branched_from": ep.branched_from, "fork_at": ep.fork_at, **(ep.tools.info() if ep.tools else {}),
+            "prefill_tokens": ep.prefill_tokens, "kv_reused_tokens": ep.reused_tokens}
     traj = Trajectory(example=ep.example, group_id=ep.group_id, prompt_ids=ep.prompt_ids, response_ids=ep.response_ids,
                       rollout_logprobs=ep.logprobs, response_mask=ep.mask, finish_reason=finish,
                       response_text=tokenizer.decode(ep.response_ids, skip_special_tokens=True), turns=ep.turns,

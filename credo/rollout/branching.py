@@ -91,6 +91,7 @@ class _State:
         for name in ("prompt_ids", "response_ids", "mask", "logprobs", "turns", "turn_entropy", "actions"):
             setattr(ep, name, list(getattr(src, name)))
         ep.client = client
+        ep.kv = copy.copy(src.kv)  # its own session (the engine reassigns a session's tensors, never edits them)
         ep.branched_from = self.groups[g].index(src)
         ep.fork_at = len(src.response_ids)
         return ep

@@ -26,6 +26,7 @@ from credo.models.lora import adapter_state, is_lora, load_adapter_state
 from credo.models.vision import example_pixels, image_token_id, is_vision_model
 from credo.models.tokenizer import encode_prompt
 from credo.rollout.base import OnDone
+from credo.rollout.kv_reuse import KVSession, assemble, save_rows
 from credo.rollout.lean import lean_decoder
 from credo.types import Example, SamplingParams, Trajectory
 
@@ -49,6 +50,8 @@ class HFRolloutEngine:
         self.model = model
         # Llama / Qwen2: decode steps through credo's lean loop on a preallocated cache (credo.rollout.lean)
         self.lean = lean_decoder(model) if lean else None
+        # agent turns on KV sessions (credo.rollout.kv_reuse): full-attention Llama-family caches, text only
+        self.kv_sessions = lean_decoder(model) is not None
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
@@ -118,7 +121,8 @@ class HFRolloutEngine:
                      top_logprobs: int = 0, stop_sequences: tuple[tuple[int, ...], ...] = (),
                      on_finish: Callable[[int, Continuation], None] | None = None,
                      stream: tuple[int, int] | None = None,
-                     pixel_values: torch.Tensor | None = None) -> list[Continuation]:
+                     pixel_values: torch.Tensor | None = None,
+                     sessions: list[KVSession] | None = None) -> list[Continuation]:
         """Sample a continuation of every token-id prefix, in batches of ``max_batch_size``.
 
         A row stops after EOS or any ``stop_ids`` token, or once its generated tokens end with one of
@@ -129,6 +133,9 @@ class HFRolloutEngine:
         from the engine's generator (or ``sampling.seed``'s) unless ``stream=(key, first_row)`` gives it, so how
         the rows are split into batches or over workers does not change what they sample. ``pixel_values``
         (len(prefixes), 3, H, W): each prefix's image, read at the prefill (vision-language policies).
+        ``sessions`` (one :class:`~credo.rollout.kv_reuse.KVSession` per prefix, updated in place): reuse the keys
+        and values of an earlier call's tokens and keep this call's for the next (agent turns; ignored and cleared
+        where this engine cannot keep them: another architecture, images, a partial rollout's hook).
         """
         if stream is None:
             gen = self.generator
@@ -149,7 +156,8 @@ class HFRolloutEngine:
                 end = start + self.max_batch_size
                 images = None if pixel_values is None else pixel_values[start:end]
                 out.extend(self._decode(prefixes[start:end], sampling, (key, first_row + start), stops,
-                                        top_logprobs, tuple(tuple(q) for q in stop_sequences if q), notify, images))
+                                        top_logprobs, tuple(tuple(q) for q in stop_sequences if q), notify, images,
+                                        None if sessions is None else sessions[start:end]))
         finally:
             self.model.train(was_training)
         return out
@@ -163,11 +171,13 @@ class HFRolloutEngine:
     def _decode(self, prefixes: list[list[int]], sp: SamplingParams, stream: tuple[int, int], stops: tuple[int, ...],
                 top_k: int, stop_sequences: tuple[tuple[int, ...], ...] = (),
                 on_finish: Callable[[int, Continuation], None] | None = None,
-                pixel_values: torch.Tensor | None = None) -> list[Continuation]:
+                pixel_values: torch.Tensor | None = None,
+                sessions: list[KVSession] | None = None) -> list[Continuation]:
         """Decode every prefix; identical prefixes share one prefill (its KV is copied to each), and finished rows
         leave the batch once a quarter of it has finished (the KV cache is compacted), so no work is spent on them.
         Each (row, step) draws its own uniform number (keyed by ``stream``) whatever the batch holds, so results do
-        not depend on when rows are compacted."""
+        not depend on when rows are compacted. With ``sessions``, rows prefill only what their session does not hold
+        and leave their keys / values in it (credo.rollout.kv_reuse)."""
         batch, steps = len(prefixes), sp.max_new_tokens
         width = max(steps, 1)
         tokens, logps = torch.full((batch, width), self.pad_id, dtype=torch.long), torch.zeros((batch, width))
@@ -175,10 +185,26 @@ class HFRolloutEngine:
         lengths, finished = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.bool)
         hook = self.decode_hook if self.decode_hook is not None and self.decode_hook.applies() else None
         vers = torch.full((batch, width), -1, dtype=torch.long) if hook is not None else None  # token versions
+        if sessions is not None and (not self.kv_sessions or hook is not None or pixel_values is not None):
+            for s in sessions:  # this call cannot keep them: a later call must not read stale keys
+                s.clear()
+            sessions = None
         if steps == 0:
             return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
-        cache, attn, logits, active = self._prefill(prefixes, pixel_values, hook)
+        if sessions is not None:
+            cache, attn, logits, active = self._prefill_sessions(prefixes, sessions)
+        else:
+            cache, attn, logits, active = self._prefill(prefixes, pixel_values, hook)
+        filled = attn.shape[1]  # the prefill's columns; decode step t writes column filled + t
         state = self.lean.start(cache, attn, steps) if self.lean is not None else None
+
+        def keep_kv(positions: torch.Tensor) -> None:  # rows at these batch positions leave: store their KV
+            if sessions is not None and len(positions):
+                kv = [(k[:, :, :state.length], v[:, :, :state.length]) for k, v in zip(state.keys, state.values)] \
+                    if state is not None else [(layer.keys, layer.values) for layer in cache.layers]
+                save_rows(sessions, kv, positions.tolist(), active[positions].tolist(), attn[:, :filled], filled,
+                          prefixes, tokens, lengths, self.policy_version)
+
         draws = uniform_draws(stream[0], stream[1] + torch.arange(batch), torch.arange(steps))  # (B, steps)
         step_pos = (attn.sum(-1, keepdim=True) - 1)  # (A, 1) position of the last prefix token
         stop_t = torch.tensor(stops, device=self.device)
@@ -206,6 +232,7 @@ class HFRolloutEngine:
             if bool(done.all()) or t == steps - 1:
                 break
             if int(done.sum()) * 4 >= len(done):  # compact: drop the finished rows from the batch and the cache
+                keep_kv(done.nonzero().flatten())
                 keep = (~done).nonzero().flatten()
                 if state is not None:
                     state.select(keep)
@@ -223,6 +250,7 @@ class HFRolloutEngine:
             out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=step_pos,
                              **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1)
             cache, logits = output_cache(out), out.logits[:, -1, :]
+        keep_kv(torch.arange(len(active), device=self.device))
         return self._continuations(tokens, logps, tops, lengths, finished, on_finish, vers)
 
     def _refill(self, prefixes: list[list[int]], tokens: torch.Tensor, active: torch.Tensor, t: int,
@@ -270,6 +298,28 @@ class HFRolloutEngine:
         if len(uniq) < len(prefixes):
             cache.reorder_cache(idx)
         return cache, attn[idx], logits[idx], torch.arange(len(prefixes), device=self.device)
+
+    def _prefill_sessions(self, prefixes: list[list[int]], sessions: list[KVSession]):
+        """:meth:`_prefill`'s outputs for rows that may hold KV sessions: each row feeds only the tokens its session
+        does not hold, on top of the cached keys / values (the layout in credo.rollout.kv_reuse)."""
+        cached = [s.cached_length(p, self.policy_version) for s, p in zip(sessions, prefixes)]
+        if not any(cached):
+            for s, p in zip(sessions, prefixes):
+                s.prefilled_tokens += len(p)
+            return self._prefill(prefixes)
+        past, ids, attn, pos = assemble(sessions, cached, prefixes, self.pad_id)
+        cache = DynamicCache(config=self.model.config)
+        if past is not None:
+            past = past.to(self.device)
+            for layer in range(past.shape[0]):
+                cache.update(past[layer, 0], past[layer, 1], layer)
+        for s, p, c in zip(sessions, prefixes, cached):
+            s.reused_tokens += c
+            s.prefilled_tokens += len(p) - c
+        attn = attn.to(self.device)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=attn, position_ids=pos.to(self.device),
+                         **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1)
+        return output_cache(out), attn, out.logits[:, -1, :], torch.arange(len(prefixes), device=self.device)
 
     @classmethod
     def _continuations(cls, tokens, logps, tops, lengths, finished, on_finish=None, vers=None) -> list[Continuation]:

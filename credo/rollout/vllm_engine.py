@@ -115,6 +115,7 @@ class VLLMRolloutEngine:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(seed)
         self.policy_version = 0
+        self.kv_sessions = False  # agent turns reuse keys / values through vLLM's prefix cache (rollout.vllm)
         self.eos_id = tokenizer.eos_token_id
         self._cleanup: weakref.finalize | None = None  # removes a temporary model folder (from_model)
 

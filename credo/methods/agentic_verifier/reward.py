@@ -219,7 +219,8 @@ class AgenticVerifier:
                               else plain_template(tokenizer), max_turns=max_turns,
                               max_tokens_per_turn=max_tokens_per_turn, max_response_tokens=max_response_tokens,
                               threads=threads, stop_sequences=stops,
-                              max_total_tokens=getattr(model.config, "max_position_embeddings", None))
+                              max_total_tokens=getattr(model.config, "max_position_embeddings", None),
+                              kv_reuse=self.engine.kv_sessions)
 
     # -------------------------------------------------------------------------- public API
     def score(self, problem: str, candidate: str) -> RewardResult:
