@@ -1,8 +1,11 @@
 """benchmarks/harness.py: the ratio B / A, its bootstrap interval, the interleaving, the in-process and
-out-of-process runners on injected timings (no wall-clock asserts)."""
+out-of-process runners on injected timings (no wall-clock asserts); benchmarks/step_time.py --ab end to end."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import harness  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+import step_time  # noqa: E402
 
 
 def test_quantile_interpolates_between_order_statistics():
@@ -147,3 +151,70 @@ def test_rounds_report_a_failing_side():
     with pytest.raises(RuntimeError, match="B round 0 failed"):
         harness.run_rounds([sys.executable, "-c", "print([1.0])"], [sys.executable, "-c", "raise SystemExit(3)"],
                            rounds=1, timeout=30)
+
+
+# ---------------------------------------------------------------- benchmarks/step_time.py --ab
+
+STEP_TIME = Path(__file__).resolve().parents[1] / "benchmarks" / "step_time.py"
+TINY = ["warm_start.steps=1", "train.prompts_per_step=2", "rollout.group_size=2", "eval.size=1"]
+
+
+def _fake_rounds() -> harness.Comparison:
+    warm = {"timing_s/step": 9.0, "timing_s/gen": 8.0, "agent/prefill_tokens": 999.0}  # left out (warmup=1)
+    rows_a = [warm, {"timing_s/step": 1.0, "timing_s/gen": 0.8, "agent/prefill_tokens": 300.0,
+                     "agent/success_rate": 0.5, "agent/turns_mean": 3.0},
+              {"timing_s/step": 3.0, "timing_s/gen": 2.0, "agent/prefill_tokens": 310.0,
+               "agent/success_rate": 1.0, "agent/turns_mean": 4.0}]
+    rows_b = [warm, {"timing_s/step": 0.5, "timing_s/gen": 0.4, "agent/prefill_tokens": 100.0,
+                     "agent/success_rate": 0.5, "agent/turns_mean": 3.0},
+              {"timing_s/step": 1.5, "timing_s/gen": 1.2, "agent/prefill_tokens": 120.0,
+               "agent/success_rate": 0.5, "agent/turns_mean": 5.0}]
+    return harness.compare("B / A step time", [1.0, 3.0], [0.5, 1.5], False, boot=10, labels=("off", "on"),
+                           raw={"rounds_a": [{"rows": rows_a}], "rounds_b": [{"rows": rows_b}]})
+
+
+def test_step_time_side_tables_and_proxy_leave_out_warmup():
+    cmp = _fake_rounds()
+    lines = step_time.side_tables(cmp, warmup=1)
+    # gen: A median(0.8, 2.0) = 1.4, B median(0.4, 1.2) = 0.8, 0.8 / 1.4 = 0.571; step: A 2.0, B 1.0, ratio 0.50
+    assert lines[1] == f"{'gen':<14}{1.4:>10.4f}{0.8:>10.4f}{'0.57':>8}"
+    assert lines[2] == f"{'step':<14}{2.0:>10.4f}{1.0:>10.4f}{'0.50':>8}"
+    # success: A median(0.5, 1.0) = 0.75, B 0.5; turns: A median(3, 4) = 3.5, B median(3, 5) = 4
+    assert "agent/success_rate     median per step: A 0.75, B 0.5" in lines
+    assert "agent/turns_mean       median per step: A 3.5, B 4" in lines
+    proxy = step_time.proxy(cmp, warmup=1)  # prefill: A median(300, 310) = 305, B median(100, 120) = 110
+    assert (proxy.unit, proxy.a, proxy.b) == ("agent/prefill_tokens (median per step)", 305.0, 110.0)
+
+
+def _run_ab(tmp_path, *argv: str, timeout: float) -> tuple[str, dict]:
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, str(STEP_TIME), "--steps", "2", "--warmup-steps", "1", "--rounds", "1",
+                           "--json", str(out), *argv], capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_step_time_ab_runs_end_to_end(tmp_path):
+    stdout, data = _run_ab(tmp_path, "--ab", "train.share_prompt=false", "--", *TINY, timeout=300)
+    assert re.search(r"^B / A step time: \d+\.\d\d x \[\d+\.\d\d, \d+\.\d\d\]", stdout, re.M), stdout
+    # share_prompt only changes the update's arithmetic: the same draws, so the same response tokens per step
+    assert "perf/response_tokens (median per step)" in stdout and "(B / A 1.00x)" in stdout
+    assert data["order"] == ["A", "B"] and len(data["raw"]["rounds_a"]) == len(data["raw"]["rounds_b"]) == 1
+    assert len(data["a"]) == len(data["b"]) == 1  # 2 steps per process, the first left out
+    assert data["labels"] == ["base config", "train.share_prompt=false"]
+    assert re.search(r"^step +\d+\.\d{4} +\d+\.\d{4} +\d+\.\d\d$", stdout, re.M)
+
+
+@pytest.mark.slow
+def test_step_time_ab_agent_kv_reuse(tmp_path):
+    stdout, data = _run_ab(tmp_path, "--config", "agent_maze", "--base", "rollout.collector.kv_reuse=false",
+                           "--ab", "rollout.collector.kv_reuse=true", "--", *TINY, "rollout.collector.max_turns=3",
+                           timeout=600)
+    proxy = data["proxy"]
+    assert proxy["unit"] == "agent/prefill_tokens (median per step)" and proxy["b"] < proxy["a"]
+    # KV reuse is exact (tests/test_kv_reuse.py): the same episodes on both sides, so the same turns and success
+    success = re.search(r"^agent/success_rate +median per step: A (\S+), B (\S+)$", stdout, re.M)
+    turns = re.search(r"^agent/turns_mean +median per step: A (\S+), B (\S+)$", stdout, re.M)
+    assert success and turns and success[1] == success[2] and turns[1] == turns[2], stdout
+    assert re.search(r"^agent/kv_reused_frac +median per step: A 0, B 0\.\d+$", stdout, re.M), stdout
