@@ -303,3 +303,34 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(zero_rows, float64_n
     assert metrics1["actor/skipped_rows_frac"] == pytest.approx(len(zero_rows) / batch.batch_size)
     assert not zero_advantage_rows_inert(UpdateOptions.of(load_config(None, ["algo.entropy_coef=0.01"])))
     assert not zero_advantage_rows_inert(UpdateOptions.of(load_config(None, ["algo.policy_loss=kl_cov"])))
+
+
+@pytest.mark.parametrize("row_tokens", [None, 4, 30])
+def test_packed_responses_on_shared_prompts_equal_the_full_forward(row_tokens, float64_norms):
+    """Responses packed into rows (one longest response by default; 4 tokens: most rows hold one response; 30: several
+    prompts in a row's cache) on their prompts' gathered keys / values: log-probs, entropy and every parameter
+    gradient equal the full padded forward's (float64), and the same no-grad statistics through micro-batches."""
+    from credo.train.shared_pack import _plan
+
+    model, tok = _model64()
+    batch = _group_batch(tok)
+    opts = ForwardOptions(chunk_size=5, share_prompt=True, pack_responses=True, row_tokens=row_tokens)
+    lp0, ent0, grads0 = _values_and_grads(model, batch, NAIVE, temperature=0.7, seed=5)
+    lp1, ent1, grads1 = _values_and_grads(model, batch, opts, temperature=0.7, seed=5)
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-10)
+    torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-10)
+    for name in grads0:
+        torch.testing.assert_close(grads1[name], grads0[name], rtol=0, atol=1e-12, msg=name)
+    want, _ = batched_logprobs(model, batch, micro_batch_size=None, opts=NAIVE)
+    got, _ = batched_logprobs(model, batch, micro_batch_size=4, opts=opts)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    # the packing itself: responses 5, 1, 11, 3, 7, 2, 9, 4, 6 feed 4, 0, 10, 2, 6, 1, 8, 3, 5 tokens = 39, no padding
+    # beyond each row's tail; with rows of 30 they fit in 2 rows (first-fit, longest first: 10+8+6+5 = 29, then 4
+    # and 3 and 2 do not fit the 1 left, 1 does: 30; the second row 4+3+2 = 9)
+    first, inverse = shared_prompts(batch)
+    lengths = [5, 1, 11, 3, 7, 2, 9, 4, 6]
+    plan = _plan(lengths, [b for b, n in enumerate(lengths) if n > 1], inverse.tolist(),
+                 batch.attention_mask[first, :batch.prompt_len], batch.prompt_len, 30)
+    assert plan["q_row"].shape == (2, 30)
+    assert (plan["q_row"][1, 9:] == 0).all() and (plan["allowed"][1, 0, 9:].sum(-1) == 0).all()  # padding queries
+    assert len(plan["out_index"]) == sum(lengths)  # one hidden state per real response token

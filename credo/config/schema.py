@@ -110,6 +110,9 @@ class VLLMConfig:
                                      "costs ~30 s of start-up; off on CUDA)")
     sleep: bool = opt(False, "CUDA: vLLM sleeps between rollouts (level 1: weights to host memory, KV cache freed) so "
                       "the trainer has the GPU memory; the CPU build has no sleep mode")
+    prefix_caching: bool = opt(True, "vLLM's automatic prefix caching: a request whose prompt starts with blocks "
+                               "already computed reads their keys / values instead of prefilling them (agent turns "
+                               "re-send their history; reset at every weight sync); metric agent/kv_reused_frac")
     startup_timeout_s: float = opt(600.0, "mode=server: how long credo waits for a server it started", min=1.0)
     request_timeout_s: float = opt(600.0, "mode=server: per-request time limit", min=1.0)
     server_concurrency: int = opt(64, "mode=server: requests in flight at once (the server batches them)", min=1)
@@ -271,6 +274,9 @@ class TrainConfig:
                                     "entropy_coef and sft_coef must be 0)")
     share_prompt: bool = opt(True, "forward each distinct prompt once per micro-batch and run its G responses on "
                              "its keys and values (exact; the padded path, not used when pack is on)")
+    pack_responses: bool = opt(False, "with share_prompt: the responses run packed into rows of pack_row_tokens "
+                               "(null = the longest response) on their prompts' keys and values, with a block mask, "
+                               "instead of padded to the longest response (exact; credo.train.shared_pack)")
     pack: bool = opt(False, "padding-free forward: pack sequences into dense rows (position-id restarts)")
     pack_row_tokens: int | None = opt(None, "tokens per packed row; null = the longest sequence of the micro-batch "
                                       "(on the CPU attention costs row_tokens^2 per row, so longer rows lose)", min=1)

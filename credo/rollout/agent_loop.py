@@ -172,6 +172,9 @@ class AgentLoop:
         for ep, cont, prefix in zip(active, conts, prefixes):
             if ep.kv is not None:  # the session's running counts (the engine knows what it read from the cache)
                 ep.prefill_tokens, ep.reused_tokens = ep.kv.prefilled_tokens, ep.kv.reused_tokens
+            elif cont.cached_tokens is not None:  # vLLM: its prefix cache served the first cached_tokens
+                ep.reused_tokens += cont.cached_tokens
+                ep.prefill_tokens += len(prefix) - cont.cached_tokens
             else:
                 ep.prefill_tokens += len(prefix)
             ep.add(self.template.assistant_prefix, 0)

@@ -387,6 +387,7 @@ class Continuation:
     finish_reason: str  # "stop" (EOS or a stop id, kept as the last token) | "length"
     top_logprobs: torch.Tensor | None = None  # (len(ids), k) when requested
     versions: list[int] | None = None  # partial rollouts: the policy version that sampled each token
+    cached_tokens: int | None = None  # vLLM: prefix tokens its prefix cache served (None: this engine keeps no count)
 
 
 def filter_logits(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

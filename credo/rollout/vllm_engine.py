@@ -18,6 +18,9 @@ or against an OpenAI-compatible vLLM server (``rollout.vllm.mode``: :mod:`credo.
   right after the first occurrence either way.
 - Weights: :meth:`update_weights` is vLLM's own RL weight-transfer protocol with credo's ``credo_safetensors``
   backend (:mod:`credo.rollout.vllm_sync`), versioned (vLLM's ``weight_version``), then the prefix cache is reset.
+- Prefix caching (``rollout.vllm.prefix_caching``, on by default): a prompt that starts with full KV blocks vLLM
+  already computed (an agent turn re-sends its history) reads them instead of prefilling; each row's count comes
+  back as ``Continuation.cached_tokens`` (server mode: ``usage.prompt_tokens_details.cached_tokens``).
 - Scoring: :meth:`score_ids` gives the served policy's log-probs of given token ids (vLLM's ``prompt_logprobs``,
   temperature 1); the weight_sync guard scores a fixed probe with it after every sync (credo.guards.weights).
 - Memory: with ``rollout.vllm.sleep`` (CUDA; vLLM's CPU build has no sleep mode) vLLM sleeps (level 1: weights to
@@ -115,7 +118,9 @@ class VLLMRolloutEngine:
         self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(seed)
         self.policy_version = 0
-        self.kv_sessions = False  # agent turns reuse keys / values through vLLM's prefix cache (rollout.vllm)
+        # no KV sessions: agent turns reuse keys / values through vLLM's prefix cache (rollout.vllm.prefix_caching),
+        # counted per row as Continuation.cached_tokens
+        self.kv_sessions = False
         self.eos_id = tokenizer.eos_token_id
         self._cleanup: weakref.finalize | None = None  # removes a temporary model folder (from_model)
 
@@ -245,7 +250,8 @@ class VLLMRolloutEngine:
             top_tensor = torch.full((len(ids), top_k), float("-inf"))
             for t, best in enumerate((tops or [])[: len(ids)]):
                 top_tensor[t, : len(best)] = torch.tensor(best, dtype=torch.float32)
-        return Continuation(ids=list(ids), logprobs=list(logprobs), top_logprobs=top_tensor, finish_reason=finish)
+        return Continuation(ids=list(ids), logprobs=list(logprobs), top_logprobs=top_tensor, finish_reason=finish,
+                            cached_tokens=s.cached_tokens)
 
     def _trajectory(self, row: tuple[int, Example, list[int]], cont: Continuation) -> Trajectory:
         g, ex, ids = row

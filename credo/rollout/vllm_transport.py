@@ -52,6 +52,7 @@ class VLLMOptions:
     max_model_len: int | None = None
     enforce_eager: bool | None = None  # None: True on CPU (compiling costs ~30 s of start-up), False on CUDA
     sleep: bool = False  # CUDA: sleep (level 1) between rollouts
+    prefix_caching: bool = True  # vLLM's automatic prefix caching (agent turns reuse their history's KV blocks)
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     server_concurrency: int = 64
@@ -73,6 +74,7 @@ class Sample:
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS, a stop id or a stop string) | "length"
     top_logprobs: list[list[float]] | None = None  # per position, the k largest, descending
+    cached_tokens: int | None = None  # prompt tokens vLLM read from its prefix cache (None: not reported)
 
 
 def on_cpu() -> bool:
@@ -85,6 +87,7 @@ def engine_kwargs(opts: VLLMOptions, *, seed: int, cpu: bool) -> dict[str, Any]:
     """``vllm.LLM`` / engine-argument keywords for these options (the server gets them as flags)."""
     kw: dict[str, Any] = dict(seed=seed, dtype=opts.dtype, logprobs_mode="processed_logprobs",
                               weight_transfer_config={"backend": BACKEND},
+                              enable_prefix_caching=opts.prefix_caching,
                               enforce_eager=cpu if opts.enforce_eager is None else opts.enforce_eager)
     if opts.max_model_len is not None:
         kw["max_model_len"] = opts.max_model_len
@@ -182,7 +185,7 @@ class InProcessVLLM:
         self.wake()
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
                                  [SamplingParams(**r) for r in requests], use_tqdm=False)
-        return [self._sample(o.outputs[0], r["logprobs"]) for o, r in zip(outs, requests)]
+        return [self._sample(o.outputs[0], r["logprobs"], o.num_cached_tokens) for o, r in zip(outs, requests)]
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Per sequence (non-empty), position j's log-prob of token j given the tokens before it (NaN at 0)."""
@@ -194,13 +197,14 @@ class InProcessVLLM:
         return [prompt_token_logprobs(list(q), o.prompt_logprobs) for q, o in zip(sequences, outs)]
 
     @staticmethod
-    def _sample(comp: Any, k: int) -> Sample:
+    def _sample(comp: Any, k: int, cached: int | None) -> Sample:
         ids = list(comp.token_ids)
         steps = comp.logprobs or []
         tops = [top_list((lp.logprob for lp in e.values()), k) for e in steps[: len(ids)]] if k else None
         picked = [e[t].logprob if e is not None and t in e else None for e, t in zip(steps, ids)]
         return Sample(ids=ids, logprobs=per_token(picked, len(ids)), top_logprobs=tops,
-                      finish_reason="stop" if comp.finish_reason == "stop" else "length")
+                      finish_reason="stop" if comp.finish_reason == "stop" else "length",
+                      cached_tokens=None if cached is None else int(cached))
 
     def sync(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.wake()
@@ -249,7 +253,16 @@ def server_command(model_path: str | Path, *, port: int, seed: int, opts: VLLMOp
             cmd += [flag, json.dumps(value)]
         else:
             cmd += [flag, str(value)]
-    return cmd
+    return cmd + ["--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens (cached_tokens)
+
+
+def cached_tokens(reply: dict) -> int | None:
+    """The prompt tokens a ``/v1/completions`` reply says came from the prefix cache
+    (``usage.prompt_tokens_details.cached_tokens``, sent by a server run with ``--enable-prompt-tokens-details``;
+    one prompt per request, so the usage is that row's), or None where the reply has no such field."""
+    details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens")
+    return None if value is None else int(value)
 
 
 def _stop_process(proc: subprocess.Popen) -> None:
@@ -271,7 +284,8 @@ class ServerVLLM:
     when this object is collected; if this process is killed outright, by a :func:`credo.procs.reap_when_gone`
     watcher). A server given by URL must run with ``VLLM_SERVER_DEV_MODE=1``,
     ``--logprobs-mode processed_logprobs`` and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``
-    in an environment where credo is installed (docs/vllm.md)."""
+    in an environment where credo is installed (docs/vllm.md); with ``--enable-prompt-tokens-details`` its replies
+    also count each row's prefix-cache hits (:func:`cached_tokens`; None without it)."""
 
     def __init__(self, *, url: str | None, model_path: str | Path | None, seed: int, opts: VLLMOptions,
                  log_dir: str | Path | None = None) -> None:
@@ -333,13 +347,15 @@ class ServerVLLM:
     def _complete_one(self, prompt: list[int], request: dict[str, Any]) -> Sample:
         body = {"model": self.model_name, "prompt": list(prompt), "return_token_ids": True,
                 "return_tokens_as_token_ids": True, **request}
-        choice = self.weights.post("v1/completions", body)["choices"][0]
+        reply = self.weights.post("v1/completions", body)
+        choice = reply["choices"][0]
         ids = list(choice["token_ids"])
         lp = choice.get("logprobs") or {}
         k = request["logprobs"]
         tops = [top_list(e.values(), k) for e in lp.get("top_logprobs") or []][: len(ids)] if k else None
         return Sample(ids=ids, logprobs=per_token(lp.get("token_logprobs") or [], len(ids)),
-                      top_logprobs=tops, finish_reason="stop" if choice.get("finish_reason") == "stop" else "length")
+                      top_logprobs=tops, finish_reason="stop" if choice.get("finish_reason") == "stop" else "length",
+                      cached_tokens=cached_tokens(reply))
 
     def complete(self, prompts: list[list[int]], requests: list[dict[str, Any]]) -> list[Sample]:
         return list(self.pool.map(self._complete_one, prompts, requests))

@@ -11,6 +11,7 @@ from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
 from credo.distributed.fsdp import sharded_root
 from credo.models.compat import cache_kwargs, output_cache
 from credo.train.packing import pack, token_budget_groups, valid_responses
+from credo.train.shared_pack import packed_shared_hidden
 from credo.types import TrainBatch
 
 
@@ -35,14 +36,16 @@ class ForwardOptions:
     pack: bool = False
     row_tokens: int | None = None  # None = the longest sequence of the micro-batch
     share_prompt: bool = False  # rows with the same prompt run it once (when pack is off)
+    pack_responses: bool = False  # ... and their responses run packed, without padding (credo.train.shared_pack)
 
     @classmethod
     def of(cls, cfg) -> "ForwardOptions":
         t = cfg.train
         # FSDP2: every rank must run the same modules in the same order (each unit's gather and reduce-scatter is
         # a collective), which the shared-prompt forward (the backbone twice, only where prompts repeat) breaks
-        return cls(chunk_size=t.logprob_chunk_size, pack=t.pack, row_tokens=t.pack_row_tokens,
-                   share_prompt=t.share_prompt and cfg.distributed.strategy != "fsdp2")
+        share = t.share_prompt and cfg.distributed.strategy != "fsdp2"
+        return cls(chunk_size=t.logprob_chunk_size, pack=t.pack, row_tokens=t.pack_row_tokens, share_prompt=share,
+                   pack_responses=share and t.pack_responses)
 
 
 NAIVE = ForwardOptions(chunk_size=0, pack=False)
@@ -82,6 +85,9 @@ def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOpti
         return hidden, packed.labels.to(device), packed.valid.to(device)
     valid = valid_responses(batch).to(device)  # (B, T)
     shared = shared_prompts(batch) if opts.share_prompt else None
+    if shared is not None and opts.pack_responses:
+        hidden = packed_shared_hidden(model, batch, *shared, valid, opts.row_tokens)  # (N, H)
+        return hidden, batch.responses.to(device)[valid], valid
     if shared is not None:
         hidden = shared_prompt_hidden(model, batch, *shared)  # (B, T, H)
     else:
