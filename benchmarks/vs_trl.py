@@ -35,7 +35,7 @@ from pathlib import Path
 TASKS = {"tiny": ("reversal", {}), "smollm2": ("addition", {"digits": 1})}
 # credo's step-time features that TRL lacks, each with the override that turns it off (--ablation)
 ABLATIONS = {"skip_zero_advantage": "train.skip_zero_advantage=false", "share_prompt": "train.share_prompt=false",
-             "lean_decode": "rollout.lean_decode=false"}
+             "lean_decode": "rollout.lean_decode=false", "pack_responses": "train.pack_responses=false"}
 CHAT_TEMPLATE = "What is {prompt}? Reply with the number only."  # --chat: SmolLM2 asked as an instruct model
 
 

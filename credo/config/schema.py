@@ -274,7 +274,7 @@ class TrainConfig:
                                     "entropy_coef and sft_coef must be 0)")
     share_prompt: bool = opt(True, "forward each distinct prompt once per micro-batch and run its G responses on "
                              "its keys and values (exact; the padded path, not used when pack is on)")
-    pack_responses: bool = opt(False, "with share_prompt: the responses run packed into rows of pack_row_tokens "
+    pack_responses: bool = opt(True, "with share_prompt: the responses run packed into rows of pack_row_tokens "
                                "(null = the longest response) on their prompts' keys and values, with a block mask, "
                                "instead of padded to the longest response (exact; credo.train.shared_pack)")
     pack: bool = opt(False, "padding-free forward: pack sequences into dense rows (position-id restarts)")
