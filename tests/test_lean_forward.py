@@ -332,5 +332,20 @@ def test_packed_responses_on_shared_prompts_equal_the_full_forward(row_tokens, f
     plan = _plan(lengths, [b for b, n in enumerate(lengths) if n > 1], inverse.tolist(),
                  batch.attention_mask[first, :batch.prompt_len], batch.prompt_len, 30)
     assert plan["q_row"].shape == (2, 30)
-    assert (plan["q_row"][1, 9:] == 0).all() and (plan["allowed"][1, 0, 9:].sum(-1) == 0).all()  # padding queries
+    pads = plan["allowed"][1, 0, 9:]  # padding queries of row 1 attend to themselves only (no empty mask row)
+    assert (plan["q_row"][1, 9:] == 0).all() and (pads.sum(-1) == 1).all()
+    assert pads[:, -21:].diagonal().all()  # their own packed columns (the last 21 of 30 of the packed block)
     assert len(plan["out_index"]) == sum(lengths)  # one hidden state per real response token
+
+
+def test_packed_responses_with_eager_attention():
+    """Eager attention adds the block mask as a float mask (sdpa reads it as a boolean one). float32: transformers'
+    eager path gives NaN on left-padded float64 rows even in the naive forward, so this compares in float32."""
+    model, tok = _model64()
+    model = model.float()
+    model.config._attn_implementation = "eager"
+    batch = _group_batch(tok)
+    lp0, _ = policy_logprobs(model, batch, opts=NAIVE)
+    lp1, _ = policy_logprobs(model, batch, opts=ForwardOptions(share_prompt=True, pack_responses=True, row_tokens=30))
+    assert not lp1.isnan().any()
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-5)

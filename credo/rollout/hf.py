@@ -185,10 +185,7 @@ class HFRolloutEngine:
         lengths, finished = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.bool)
         hook = self.decode_hook if self.decode_hook is not None and self.decode_hook.applies() else None
         vers = torch.full((batch, width), -1, dtype=torch.long) if hook is not None else None  # token versions
-        if sessions is not None and (not self.kv_sessions or hook is not None or pixel_values is not None):
-            for s in sessions:  # this call cannot keep them: a later call must not read stale keys
-                s.clear()
-            sessions = None
+        sessions = self._usable_sessions(sessions, hook, pixel_values)
         if steps == 0:
             return self._continuations(tokens, logps, tops, lengths, finished, on_finish)
         if sessions is not None:
@@ -200,10 +197,8 @@ class HFRolloutEngine:
 
         def keep_kv(positions: torch.Tensor) -> None:  # rows at these batch positions leave: store their KV
             if sessions is not None and len(positions):
-                kv = [(k[:, :, :state.length], v[:, :, :state.length]) for k, v in zip(state.keys, state.values)] \
-                    if state is not None else [(layer.keys, layer.values) for layer in cache.layers]
-                save_rows(sessions, kv, positions.tolist(), active[positions].tolist(), attn[:, :filled], filled,
-                          prefixes, tokens, lengths, self.policy_version)
+                save_rows(sessions, self._layers_kv(state, cache), positions.tolist(), active[positions].tolist(),
+                          attn[:, :filled], filled, prefixes, tokens, lengths, self.policy_version)
 
         draws = uniform_draws(stream[0], stream[1] + torch.arange(batch), torch.arange(steps))  # (B, steps)
         step_pos = (attn.sum(-1, keepdim=True) - 1)  # (A, 1) position of the last prefix token
@@ -212,18 +207,8 @@ class HFRolloutEngine:
         for t in range(steps):
             u = draws[active.cpu(), t]  # one draw per original row and step
             nxt, lp, full = self._sample(logits.float(), sp, u.to(self.device))
-            live = (~done).nonzero().flatten()
-            rows = active[live].cpu()
-            tokens[rows, t] = nxt[live].cpu()
-            logps[rows, t] = lp[live].cpu()
-            lengths[rows] = t + 1
-            if vers is not None:
-                vers[rows, t] = self.policy_version
-            if top_k:
-                tops[rows, t] = torch.topk(full[live], min(top_k, full.shape[-1]), dim=-1).values.cpu()
-            newly = (~done) & torch.isin(nxt, stop_t)
-            if stop_sequences:
-                newly |= self._ends_with(tokens[active.cpu(), : t + 1], stop_sequences).to(self.device) & ~done
+            self._record(t, active, done, nxt, lp, full, tokens, logps, lengths, vers, tops)
+            newly = self._stopped(t, nxt, done, active, stop_t, stop_sequences, tokens)
             finished[active[newly].cpu()] = True
             done |= newly
             if on_finish is not None:
@@ -234,10 +219,7 @@ class HFRolloutEngine:
             if int(done.sum()) * 4 >= len(done):  # compact: drop the finished rows from the batch and the cache
                 keep_kv(done.nonzero().flatten())
                 keep = (~done).nonzero().flatten()
-                if state is not None:
-                    state.select(keep)
-                else:
-                    cache.reorder_cache(keep)
+                state.select(keep) if state is not None else cache.reorder_cache(keep)
                 active, attn, step_pos, nxt, done = active[keep], attn[keep], step_pos[keep], nxt[keep], done[keep]
             if hook is not None and hook.before_step(t + 1) and hook.recompute_kv:  # new weights: a fresh prefill
                 cache, attn, logits, state, step_pos = self._refill(prefixes, tokens, active, t + 1, pixel_values)
@@ -252,6 +234,42 @@ class HFRolloutEngine:
             cache, logits = output_cache(out), out.logits[:, -1, :]
         keep_kv(torch.arange(len(active), device=self.device))
         return self._continuations(tokens, logps, tops, lengths, finished, on_finish, vers)
+
+    def _record(self, t: int, active, done, nxt, lp, full, tokens, logps, lengths, vers, tops) -> None:
+        """Write decode step ``t``'s tokens, log-probs (and versions, top log-probs) of the live rows."""
+        live = (~done).nonzero().flatten()
+        rows = active[live].cpu()
+        tokens[rows, t] = nxt[live].cpu()
+        logps[rows, t] = lp[live].cpu()
+        lengths[rows] = t + 1
+        if vers is not None:
+            vers[rows, t] = self.policy_version
+        if tops is not None:
+            tops[rows, t] = torch.topk(full[live], min(tops.shape[-1], full.shape[-1]), dim=-1).values.cpu()
+
+    def _stopped(self, t: int, nxt, done, active, stop_t, stop_sequences, tokens) -> torch.Tensor:
+        """(A,) bool: live rows that stopped at step ``t`` (a stop id, or their tokens end with a stop sequence)."""
+        newly = (~done) & torch.isin(nxt, stop_t)
+        if stop_sequences:
+            newly |= self._ends_with(tokens[active.cpu(), : t + 1], stop_sequences).to(self.device) & ~done
+        return newly
+
+    def _usable_sessions(self, sessions: list[KVSession] | None, hook, pixel_values) -> list[KVSession] | None:
+        """``sessions``, or None (each cleared: a later call must not read stale keys) where this call cannot keep
+        them: another architecture, images, a partial rollout's hook."""
+        if sessions is not None and (not self.kv_sessions or hook is not None or pixel_values is not None):
+            for s in sessions:
+                s.clear()
+            return None
+        return sessions
+
+    @staticmethod
+    def _layers_kv(state, cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values) (A, kv_heads, columns, hd) of the decode so far: the lean state's filled columns,
+        or transformers' cache."""
+        if state is not None:
+            return [(k[:, :, :state.length], v[:, :, :state.length]) for k, v in zip(state.keys, state.values)]
+        return [(layer.keys, layer.values) for layer in cache.layers]
 
     def _refill(self, prefixes: list[list[int]], tokens: torch.Tensor, active: torch.Tensor, t: int,
                 pixel_values: torch.Tensor | None):

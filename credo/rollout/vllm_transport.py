@@ -197,7 +197,7 @@ class InProcessVLLM:
         return [prompt_token_logprobs(list(q), o.prompt_logprobs) for q, o in zip(sequences, outs)]
 
     @staticmethod
-    def _sample(comp: Any, k: int, cached: int | None) -> Sample:
+    def _sample(comp: Any, k: int, cached: int | None = None) -> Sample:
         ids = list(comp.token_ids)
         steps = comp.logprobs or []
         tops = [top_list((lp.logprob for lp in e.values()), k) for e in steps[: len(ids)]] if k else None

@@ -10,6 +10,7 @@ the sum over the rows that read it), and one additive mask (R, 1, Q, Kc + Q) say
 
     query (row r, member m, offset j) attends to:  cache columns of m's prompt        (any; the prompt is before it)
                                                    packed columns of m at offsets <= j (causal within its response)
+    (a padding query: itself only, so no row of the mask is empty)
 
 Positions continue each sequence's own count (the batch's position ids), so each token sees exactly the keys and
 positions of the padded forward: the hidden states equal it up to float rounding (tests/test_lean_forward.py,
@@ -48,9 +49,10 @@ def packed_shared_hidden(model: torch.nn.Module, batch, first: torch.Tensor, inv
     cache = _gather_cache(output_cache(out), plan["cache_src"], model.config)
     q_ids = ids[plan["q_row"], plan["q_col"]]  # (R, Q) the fed tokens at columns p + j of their rows
     q_pos = pos[plan["q_row"], plan["q_col"]]
-    dtype = out.last_hidden_state.dtype
-    mask = torch.zeros(plan["allowed"].shape, dtype=dtype, device=device)
-    mask.masked_fill_(~plan["allowed"].to(device), torch.finfo(dtype).min)
+    mask = plan["allowed"].to(device)  # sdpa reads a boolean mask (True = attend); eager adds a float one
+    if getattr(model.config, "_attn_implementation", "sdpa") != "sdpa":
+        dtype = out.last_hidden_state.dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
     hidden = model.base_model(input_ids=q_ids, position_ids=q_pos, attention_mask=mask,
                               **cache_kwargs(model.base_model, cache), use_cache=True).last_hidden_state  # (R, Q, H)
     src = torch.cat([last, hidden.reshape(-1, hidden.shape[-1])])  # (U + R Q, H)
@@ -61,7 +63,7 @@ def _plan(lengths: list[int], feeders: list[int], prompt_of: list[int], prompt_a
           capacity: int) -> dict[str, torch.Tensor]:
     """Index tensors of the packed forward (CPU): which row / column each query token comes from (R, Q), the
     flat prompt columns each packed row's cache gathers (R, Kc; -1 = padding), the mask's allowed pairs
-    (R, 1, Q, Kc + Q) and, for each real response token (row-major), its hidden state's index in
+    (R, 1, Q, Kc + Q; a padding query attends to itself only) and, for each real response token (row-major), its hidden state's index in
     cat([prompt last states (U), packed states (R Q)])."""
     fed = [max(n - 1, 0) for n in lengths]  # row b feeds its first len_b - 1 response tokens
     bins = [[feeders[i] for i in b] for b in first_fit([fed[b] for b in feeders], capacity)]
@@ -95,7 +97,9 @@ def _plan(lengths: list[int], feeders: list[int], prompt_of: list[int], prompt_a
     to_cache = q_prompt[:, :, None] == cache_prompt[:, None, :]  # (R, Q, Kc)
     to_self = (q_member[:, :, None] == q_member[:, None, :]) & (q_off[:, None, :] <= q_off[:, :, None]) \
         & (q_member >= 0)[:, :, None]  # (R, Q, Q)
-    allowed = torch.cat([to_cache, to_self], dim=-1).unsqueeze(1)  # (R, 1, Q, Kc + Q)
+    pad = torch.eye(width, dtype=torch.bool) & (q_member < 0)[:, :, None]  # (R, Q, Q): a padding query sees itself
+    allowed = torch.cat([to_cache, to_self | pad], dim=-1).unsqueeze(1)  # (R, 1, Q, Kc + Q)
+    # (no query row is all False: a fully masked row would give NaN in sdpa, and 0 * NaN in the backward)
     u_count = prompt_attn.shape[0]
     out_index = []
     for b, n in enumerate(fed):
