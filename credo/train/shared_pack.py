@@ -63,8 +63,8 @@ def _plan(lengths: list[int], feeders: list[int], prompt_of: list[int], prompt_a
           capacity: int) -> dict[str, torch.Tensor]:
     """Index tensors of the packed forward (CPU): which row / column each query token comes from (R, Q), the
     flat prompt columns each packed row's cache gathers (R, Kc; -1 = padding), the mask's allowed pairs
-    (R, 1, Q, Kc + Q; a padding query attends to itself only) and, for each real response token (row-major), its hidden state's index in
-    cat([prompt last states (U), packed states (R Q)])."""
+    (R, 1, Q, Kc + Q; a padding query attends to itself only) and, for each real response token (row-major), its
+    hidden state's index in cat([prompt last states (U), packed states (R Q)])."""
     fed = [max(n - 1, 0) for n in lengths]  # row b feeds its first len_b - 1 response tokens
     bins = [[feeders[i] for i in b] for b in first_fit([fed[b] for b in feeders], capacity)]
     width = max(sum(fed[b] for b in members) for members in bins)
