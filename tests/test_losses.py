@@ -420,3 +420,64 @@ def test_zero_advantage_rows_are_inert_exactly_where_declared(name, hp, agg):
         assert not (zero_rows and same)
     if name in ("aspo", "archer") and not hp:
         assert not policy_loss_inert(name, hp)  # the default KL term reaches every row
+
+
+# ------------------------------------------------------------------ calls with no loss tokens (issue 33 item 11)
+
+def _empty_call(name, agg="token-mean", b=3, t=4, **hp):
+    """``name`` on a (b, t) case whose response mask is all zeros; returns (LossOutput, d loss / d logprobs)."""
+    lp, old, adv, _, ent, ref = _random_case(8, b=b, t=t)
+    out = compute_policy_loss(name, logprobs=lp, old_logprobs=old, advantages=adv, response_mask=torch.zeros(b, t),
+                              entropy=ent, ref_logprobs=ref, agg=agg, **hp)
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    return out, grad
+
+
+_RS = ["", "token_k1", "seq_sum_k2", "seq_mean_k3", "seq_max_k2", "token_k1,seq_max_k3"]
+BYPASS_EMPTY = [dict(loss_type=lt, rollout_is=level, rollout_rs=rs, rollout_rs_threshold=2.0 if rs else None)
+                for lt in ("ppo_clip", "reinforce") for level in ("none", "token", "sequence") for rs in _RS] + [
+    dict(loss_type="reinforce", rollout_is=level, rollout_is_low=0.5, rollout_is_batch_normalize=True,
+         rollout_rs="token_k2", rollout_rs_threshold=2.0) for level in ("token", "sequence")]
+
+
+@pytest.mark.parametrize("hp", BYPASS_EMPTY, ids=lambda hp: "-".join(str(v) for v in hp.values() if v))
+def test_bypass_mode_with_no_loss_tokens_returns_zero_without_rollout_corr_metrics(hp):
+    """docs/algorithms/bypass_mode.md: a call with no loss tokens logs no rollout_corr/* metrics (verl raises); the
+    loss is 0 (every token is off the mask) and its gradient is defined and 0."""
+    out, grad = _empty_call("bypass_mode", **hp)
+    assert out.loss.item() == 0.0
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert not [k for k in out.metrics if k.startswith("rollout_corr/")]
+    assert out.metrics["pg_clipfrac"] == 0.0 and out.metrics["ppo_kl"] == 0.0  # means over no token: 0
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_bypass_mode_with_every_loss_token_rejected(loss_type):
+    """Tokens on the mask, all rejected (seq_max_k2 with a bound below every row's max): the loss and gradient are 0,
+    rejected tokens still count in the normaliser, and the rejection metrics say everything was rejected."""
+    lp, old, adv, mask, _, _ = _random_case(9, b=3, t=4)
+    mask[:, 0] = True  # a token in every row
+    n = float(mask.sum())
+    out = compute_policy_loss("bypass_mode", logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask,
+                              loss_type=loss_type, rollout_is="token", rollout_rs="seq_max_k2",
+                              rollout_rs_threshold=1e-12)  # k2 = lr^2 / 2 > 1e-12 wherever lp != old
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    assert out.loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+    m = out.metrics
+    # masked fraction: vmean(1 - keep, mask) = n / (n + 1e-8); every row has a rejected token: 3 / 3 rows
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(n / (n + 1e-8), rel=1e-12)
+    assert m["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0
+    assert m["rollout_corr/rollout_rs_seq_max_k2_seq_masked_fraction"] == 1.0
+    assert m["pg_clipfrac"] == 0.0 and m["ppo_kl"] == 0.0  # over the kept tokens: none
+
+
+@pytest.mark.parametrize("name", sorted(set(list_policy_losses()) - {"test_scaled_pg"}))
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                 "constant-norm"])
+def test_every_loss_with_no_loss_tokens_is_zero_with_a_zero_gradient(name, agg):
+    """A micro-batch with no loss tokens (every response empty or masked) is a valid call of every registered loss
+    at its defaults: loss 0, gradient 0, finite metrics (a reduction over an empty selection must not raise)."""
+    out, grad = _empty_call(name, agg)
+    assert out.loss.item() == 0.0
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert all(math.isfinite(v) for v in out.metrics.values()), out.metrics

@@ -454,3 +454,50 @@ def test_rm_serve_cli_flags_warning_and_bad_values(rm_dir, monkeypatch, capsys):
     if not torch.cuda.is_available():
         assert main(["rm", "serve", str(rm_dir), "--device", "cuda"]) == 2
         assert "--device=cuda: CUDA is not available" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 33 item 10: a missing distill teacher
+
+TEACHER_GUIDANCE = ("distill.teacher.path expects a local Hugging Face model directory whose tokenizer is the "
+                    "student's: build the demo teacher with `python benchmarks/distill_teacher.py --out "
+                    "runs/distill_teacher` (about 20 min), or train one with `credo train --run-dir RUN ...` and set "
+                    "distill.teacher.path=RUN/final, or score with a vLLM server: distill.teacher.path=null "
+                    "distill.teacher.url=http://HOST:PORT (docs/algorithms/distill.md)")
+
+
+def test_distill_preset_without_its_teacher_says_how_to_get_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # configs/distill.yaml's teacher runs/distill_teacher is relative to the cwd: absent
+    code = main(["train", "--config", "distill", "--run-dir", str(tmp_path / "run")])
+    assert code == 1  # a missing input directory: exit 1, as the teacher loader's FileNotFoundError was
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["credo: error: distill.teacher.path: runs/distill_teacher is not a Hugging Face model directory "
+                   f"(no config.json); {TEACHER_GUIDANCE}"]
+    assert not (tmp_path / "run").exists()  # refused by the preflight, before the run directory exists
+
+
+def test_resumed_distill_run_whose_teacher_is_gone_says_how_to_get_one(tmp_path, capsys):
+    from credo.config import dump_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    dump_config(load_config("distill", [f"distill.teacher.path={tmp_path / 'gone'}"]), run / "config.yaml")
+    assert main(["train", "--resume", str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"credo: error: distill.teacher.path: {tmp_path / 'gone'} is not")
+    assert err[0].endswith(TEACHER_GUIDANCE)
+
+
+def test_teacher_check_takes_adapter_dirs_and_names_a_corrupt_config(tmp_path):
+    from credo.config.preflight import check_teacher
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")  # a LoRA run's final: the loader loads base + adapter
+    check_teacher(load_config("distill", [f"distill.teacher.path={adapter}"]))
+    check_teacher(load_config(None))  # no distill section: nothing to check
+    check_teacher(load_config("distill", ["distill.teacher.path=null", "distill.teacher.url=http://127.0.0.1:9"]))
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^distill\.teacher\.path: .*config\.json is not a readable JSON file"):
+        check_teacher(load_config("distill", [f"distill.teacher.path={corrupt}"]))

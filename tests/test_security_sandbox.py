@@ -448,3 +448,41 @@ def test_unsafe_run_with_input_and_fetched_files(tmpdir_755):
                   fetch=("d/in.txt", "out.txt", "up/unused", "host"))
     assert raw.exit_code == 0, raw.stderr
     assert raw.files == {"d/in.txt": b"in+run", "out.txt": b"made"}
+
+
+# ------------------------------------------------------------------ issue 33 item 12: no '.' or empty component
+
+DOT_PATHS = ["./x", "././x", "a/./b", "a/.", ".", "a//b", "a/", "./", "../x", "a/../b"]
+
+
+@pytest.mark.parametrize("path", DOT_PATHS)
+def test_files_and_fetch_files_refuse_dot_and_empty_components(path):
+    """docs/sandbox.md: paths are relative with no empty, `.` or `..` component (a leading `./` was dropped)."""
+    from credo.sandbox.limits import FieldError
+
+    shown = repr(path)
+    with pytest.raises(FieldError) as exc:
+        RunRequest(source="print(1)", files={path: "eA=="})  # "eA==": base64 of b"x"
+    assert str(exc.value) == f"files path {shown} has an empty, '.' or '..' component"
+    with pytest.raises(FieldError) as exc:
+        RunRequest(source="print(1)", fetch_files=["ok.txt", path])
+    assert str(exc.value) == f"fetch_files[1] {shown} has an empty, '.' or '..' component"
+
+
+def test_plain_relative_paths_stay_accepted():
+    req = RunRequest(source="print(1)", files={"a.txt": "eA==", "d/e/f.bin": "eA==", ".hidden": "eA==",
+                                               "a..b": "eA=="}, fetch_files=["out.txt", "d/.x", "..."])
+    assert req.inputs == {"a.txt": b"x", "d/e/f.bin": b"x", ".hidden": b"x", "a..b": b"x"}
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/run", {"source": "print(1)", "files": {"./x": "eA=="}}),
+    ("/run", {"source": "print(1)", "fetch_files": ["./x"]}),
+    ("/run_code", {"code": "print(1)", "language": "python", "files": {"./x": "eA=="}}),
+    ("/run_code", {"code": "print(1)", "language": "python", "fetch_files": ["./x"]}),
+])
+def test_dot_component_is_422_naming_the_field(sandbox, route, body):
+    resp = _client(sandbox).post(route, json=body)
+    assert resp.status_code == 422, resp.text
+    field = "files path" if "files" in body else "fetch_files[0]"
+    assert resp.json()["detail"] == f"{field} './x' has an empty, '.' or '..' component"

@@ -7,6 +7,8 @@ import contextlib
 from datetime import datetime
 from pathlib import Path
 
+from credo.tracking.rundir import MARKER
+
 
 def config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", metavar="PRESET", help="YAML file or preset name in configs/")
@@ -21,20 +23,22 @@ def config_args(p: argparse.ArgumentParser) -> None:
 def run_dir_args(p: argparse.ArgumentParser, default: str) -> None:
     """``--run-dir`` and ``--overwrite`` of a command that writes a run directory."""
     p.add_argument("--run-dir", metavar="DIR", help=f"output directory (default {default})")
-    p.add_argument("--overwrite", action="store_true", help="delete the previous run in the run directory first "
-                   "(a new run refuses a non-empty one)")
+    p.add_argument("--overwrite", action="store_true", help="delete what a previous credo run wrote in the run "
+                   "directory first (a new run refuses a non-empty one; a folder without credo's .credo-run marker "
+                   "is refused, files credo did not write are kept)")
 
 
 @contextlib.contextmanager
 def no_half_made_run_dir(run_dir: Path):
     """Remove ``run_dir`` again if this command created it and fails while it holds nothing but the run's
-    ``config.yaml`` (a data or model error after the preflight)."""
+    ``config.yaml`` and credo's marker (a data or model error after the preflight)."""
     created = not run_dir.exists()
     try:
         yield
     except BaseException:
-        if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {"config.yaml"}:
+        if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {"config.yaml", MARKER}:
             (run_dir / "config.yaml").unlink(missing_ok=True)
+            (run_dir / MARKER).unlink(missing_ok=True)
             run_dir.rmdir()
         raise
 

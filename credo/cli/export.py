@@ -8,9 +8,10 @@ fine-tuning run's policy already is such a directory: it is copied.
 from __future__ import annotations
 
 import argparse
-import shutil
+import logging
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 
 
 def add_commands(sub) -> None:
@@ -31,9 +32,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def policy_dir(run_dir: Path, checkpoint: str | None = None) -> Path:
     """The policy directory of a run: ``checkpoints/step_N/model`` when asked, else ``final``, else the latest
-    intact checkpoint's."""
-    from credo.train.checkpoint import CKPT_DIR, STEP_NAME, checkpoint_problem, latest_checkpoint  # torch: lazily
+    intact checkpoint's. The run directory must hold no link (credo.tracking.rundir.check_run_dir) and the chosen
+    folder must match its manifest (``final/MANIFEST.json``, written since credo marks its runs; an older
+    ``final`` without one is accepted with a warning)."""
+    from credo.tracking.rundir import check_run_dir
+    from credo.train.checkpoint import (CKPT_DIR, MANIFEST, STEP_NAME, checkpoint_problem, latest_checkpoint,
+                                        manifest_problem)  # torch: lazily
 
+    check_run_dir(run_dir, "credo export")
     if checkpoint is not None:
         if not STEP_NAME.fullmatch(checkpoint):
             raise ValueError(f"--checkpoint {checkpoint!r}: give a checkpoint name such as step_000040")
@@ -42,8 +48,15 @@ def policy_dir(run_dir: Path, checkpoint: str | None = None) -> Path:
         if problem:
             raise FileNotFoundError(problem)
         return ckpt / "model"
-    if (run_dir / "final").is_dir():
-        return run_dir / "final"
+    final = run_dir / "final"
+    if final.is_dir():
+        if (final / MANIFEST).is_file():
+            problem = manifest_problem(final)
+            if problem:
+                raise FileNotFoundError(f"credo export: {problem}")
+        else:
+            log.warning("%s has no %s (written by an older credo): its files are not checksummed", final, MANIFEST)
+        return final
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir} has neither a final model nor an intact checkpoint")
@@ -51,7 +64,8 @@ def policy_dir(run_dir: Path, checkpoint: str | None = None) -> Path:
 
 
 def export(run_dir: Path, out: Path, *, checkpoint: str | None = None) -> Path:
-    """Write the run's policy to ``out`` as a plain Hugging Face directory; returns ``out``."""
+    """Write the run's policy to ``out`` as a plain Hugging Face directory; returns ``out``. Files are copied
+    without following links (a link is refused, never copied through)."""
     from credo.models.build import merged_adapter_model, save_model
     from credo.models.lora import is_adapter_dir
 
@@ -61,8 +75,28 @@ def export(run_dir: Path, out: Path, *, checkpoint: str | None = None) -> Path:
     if not is_adapter_dir(source):
         if not (source / "config.json").is_file():
             raise FileNotFoundError(f"{source} is not a model directory (no config.json)")
-        shutil.copytree(source, out, dirs_exist_ok=True)
+        copy_without_links(source, out)
         return out
     model, tokenizer = merged_adapter_model(source)
     save_model(model, tokenizer, out)
     return out
+
+
+def copy_without_links(source: Path, out: Path) -> None:
+    """Copy the regular files under ``source`` to ``out`` (not ``MANIFEST.json``), each opened with
+    ``O_NOFOLLOW``: a link, even one planted after the checks, is an error and nothing is read through it."""
+    import os
+
+    for dirpath, dirnames, filenames in os.walk(source):
+        rel = Path(dirpath).relative_to(source)
+        for name in dirnames:
+            if (Path(dirpath) / name).is_symlink():
+                raise ValueError(f"credo export: {Path(dirpath) / name} is a symlink: not copied")
+        (out / rel).mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            if rel == Path(".") and name == "MANIFEST.json":
+                continue
+            fd = os.open(Path(dirpath) / name, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as src, open(out / rel / name, "wb") as dst:
+                while block := src.read(1 << 20):
+                    dst.write(block)

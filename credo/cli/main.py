@@ -8,7 +8,9 @@ configuration is reported in one line naming the key, with exit code 2, before a
 Errors: a bad setting or a check of :mod:`credo.config.preflight` (device, model directory, vLLM, reward module,
 run directory permissions) is one line and exit 2, before the run directory exists; a missing file, an existing
 run, a data or other input error, a runtime guard in error mode (``credo: guard error: ...``) is one line and
-exit 1; anything else is a bug and keeps its traceback. With ``CREDO_DEBUG=1`` the one-line errors show their
+exit 1; an environment outage (``credo: environment failure: ...``) exits 3 and a preemption (SIGTERM / SIGUSR1:
+``credo: preempted: ...``, after a checkpoint) exits 75 (:mod:`credo.errors`); anything else is a bug and keeps
+its traceback. With ``CREDO_DEBUG=1`` the one-line errors show their
 traceback too.
 """
 from __future__ import annotations
@@ -23,7 +25,10 @@ from pathlib import Path
 from credo.cli.common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
 from credo.config.preflight import preflight
+from credo.errors import RunStopped
 from credo.guards import GuardError
+from credo.http_server import add_limit_args, limits_from_args
+from credo.tracking.rundir import check_run_dir
 from credo.methods.reward_models import cli as rm_cli
 from credo.inspect import cli as inspect_cli
 from credo.plan import cli as plan_cli
@@ -47,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     try:
         return int(args.func(args) or 0)
+    except RunStopped as exc:  # an environment outage, a preemption (credo.errors): own wording and exit code
+        _debug_traceback()
+        print(f"credo: {exc.label}: {_one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
     except ConfigError as exc:
         _debug_traceback()
         print(f"credo: config error: {_one_line(exc)}", file=sys.stderr)
@@ -69,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+MAX_ERROR_CHARS = 2000  # a message quoting a huge value (a config entry, a reply) stays one readable line
+
+
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}... ({len(text)} characters)"
 
 
 def _debug_traceback() -> None:
@@ -168,6 +181,8 @@ def add_service_commands(sub) -> None:
     q.add_argument("--max-file-size-mb", type=int, default=256, help="largest file a request may let a program write")
     q.add_argument("--max-compile-time-s", type=float, default=60.0,
                    help="largest compile time limit a request may ask for (compile_timeout_s, compile_timeout)")
+    add_limit_args(q, max_request_mb=64, body_note="; input files travel in the body (base64): larger ones "
+                   "need a larger value")  # connections, heads, bodies (credo.http_server)
     q.set_defaults(func=cmd_sandbox_serve)
     q = sandbox_sub.add_parser("check", help="verify every isolation layer and list working languages")
     q.add_argument("--mode", choices=("root", "rootless"), default=None,
@@ -183,6 +198,7 @@ def add_service_commands(sub) -> None:
     q.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (default: $CREDO_ENV_TOKEN; "
                    "none = no authentication)")
     q.add_argument("--max-instances", type=int, default=4096, help="live instances kept (the oldest is closed)")
+    add_limit_args(q, max_request_mb=8)  # connections, heads, bodies (credo.http_server)
     q.set_defaults(func=cmd_env_serve, overrides=[])
     q.epilog = "Environment parameters as key=value, e.g. size=5 (credo env list shows them)."
     q = env_sub.add_parser("list", help="registered environments, their parameters and action formats")
@@ -195,9 +211,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume:
         run_dir = Path(args.resume)
+        check_run_dir(run_dir, "--resume")  # no links out of the run (credo.tracking.rundir)
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"{run_dir} is not a credo run directory (no config.yaml)")
-        cfg = load_config(str(run_dir / "config.yaml"), args.overrides)
+        cfg = load_config(str(run_dir / "config.yaml"), args.overrides, untrusted_dir=run_dir)
         preflight(cfg, run_dir=run_dir, run_dir_key="--resume", resume=True)
         train(cfg, run_dir=run_dir, resume=True)
     else:
@@ -248,10 +265,11 @@ def cmd_sandbox_serve(args: argparse.Namespace) -> int:
     try:
         caps = LimitCaps(time_s=args.max_time_s, memory_mb=args.max_memory_mb, output_bytes=args.max_output_mb << 20,
                          file_size_mb=args.max_file_size_mb, compile_time_s=args.max_compile_time_s)
-    except FieldError as exc:
+        server_limits = limits_from_args(args)
+    except (FieldError, ValueError) as exc:
         raise ConfigError(f"sandbox serve: {exc}") from None
     serve(host=args.host, port=args.port, workers=args.workers, max_queue=args.max_queue, unsafe=args.unsafe,
-          token=args.token, caps=caps)
+          token=args.token, caps=caps, server_limits=server_limits)
     return 0
 
 
@@ -278,7 +296,7 @@ def cmd_env_serve(args: argparse.Namespace) -> int:
     params = dict(parse_override(o) for o in args.overrides)
     try:  # an unknown name or a bad parameter (raised before anything binds): one line, exit 2
         serve(args.name, host=args.host, port=args.port, token=args.token, max_instances=args.max_instances,
-              **params)
+              server_limits=limits_from_args(args), **params)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"env serve: {exc.args[0] if exc.args else exc}") from None
     return 0

@@ -19,6 +19,7 @@ import torch
 
 from credo.config import ConfigError, RunConfig
 from credo.envs import HTTPEnvClient, LocalEnvClient, eval_task_ids, get_env_spec, train_task_ids
+from credo.errors import EXIT_ENV_FAILURE, RunStopped
 from credo.guards import agent as agent_guards
 from credo.http_auth import resolve_token
 from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
@@ -29,15 +30,20 @@ from credo.collect.config import AgentCollectorConfig, remote_adapter, remote_na
 from credo.collect.horizon import horizon
 from credo.collect.group import Rollouts
 from credo.tools.episode import oracle_episode, tool_metrics
+from credo.tracking.atomic import atomic_write_text
 from credo.train.stats import rollout_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
 
 
-class EnvOutageError(ConfigError):
-    """More than ``rollout.collector.max_env_failure_share`` of a step's episodes failed in the environment: the run stops
-    (one line, exit 2, as a configuration problem: the environment servers are part of the run's setup)."""
+class EnvOutageError(RunStopped):
+    """More than ``rollout.collector.max_env_failure_share`` of a step's episodes failed in the environment: the run
+    stops with one line, ``credo: environment failure: ...``, exit code 3 (credo.errors): the environment servers
+    failed, not the configuration."""
+
+    label = "environment failure"
+    exit_code = EXIT_ENV_FAILURE
 
 
 @dataclass(frozen=True)
@@ -389,7 +395,7 @@ def evaluate_agent(opts: AgentOptions, engine, tokenizer, examples: list[Example
         rows = [{"uid": t.example.uid, "env": t.info["env"], "response": t.response_text, "score": r.score,
                  "prompt": tokenizer.decode(t.prompt_ids, skip_special_tokens=True), "correct": r.correct,
                  "turns": t.info["num_turns"], "cut": t.info["cut"], "error": r.error} for t, r in zip(g_trajs, g_res)]
-        samples_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        atomic_write_text(samples_path, "".join(json.dumps(row) + "\n" for row in rows))
     k = opts.eval_k
     s_trajs, s_res, _ = run_episodes(a, loop, examples, k, SamplingParams(temperature=opts.eval_temperature,
                                                                           seed=seed))

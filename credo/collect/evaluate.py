@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from credo.tracking.atomic import atomic_write_text
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 
@@ -62,4 +63,4 @@ def _write_samples(path: Path, trajs: list[Trajectory], results: list[RewardResu
          "score": r.score, "correct": r.correct, "finish_reason": t.finish_reason}
         for t, r in zip(trajs, results)
     ]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))  # replaces a link, never follows it

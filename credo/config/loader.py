@@ -21,6 +21,7 @@ import yaml
 from credo.config import legacy
 from credo.config.fields import resolve_class
 from credo.config.schema import TRACKERS, RunConfig
+from credo.config.yaml_safe import YamlConfigError, load_yaml, read_mapping
 from credo.methods.distill.config import validate_distill
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -40,13 +41,14 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- public API
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-                root: type = RunConfig) -> Any:
+                root: type = RunConfig, untrusted_dir: str | Path | None = None) -> Any:
     """Defaults <- YAML preset (``path`` or a preset name in ``configs/``) <- ``key=value`` overrides, as a
     ``root`` (:class:`RunConfig` for ``credo train``; ``credo rm train`` has its own root).
 
     Relative input paths in the preset (:data:`PRESET_PATH_KEYS`) are relative to the preset's folder
     (:func:`resolve_preset_paths`); paths in overrides are used as given (relative to the working directory).
-    Keys of the older layout are mapped to their new places with a deprecation notice (:mod:`credo.config.legacy`)."""
+    Keys of the older layout are mapped to their new places with a deprecation notice (:mod:`credo.config.legacy`).
+    ``untrusted_dir`` (a resumed run's directory): no plugin module may be imported from inside it."""
     rm_sections = "refuse" if root is RunConfig else "keep"
     data: dict[str, Any] = {}
     try:
@@ -67,7 +69,7 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     except legacy.LegacyError as exc:
         raise ConfigError(str(exc)) from None
     if root is RunConfig:
-        import_plugins(data.get("plugins"))
+        import_plugins(data.get("plugins"), untrusted_dir=untrusted_dir)
     return config_from_dict(data, root=root)
 
 
@@ -82,10 +84,12 @@ def _appended(data: dict[str, Any], key: str, value: Any) -> list:
     return [*(node or []), *(v for v in extra if v not in (node or []))]
 
 
-def import_plugins(plugins: Any) -> None:
+def import_plugins(plugins: Any, *, untrusted_dir: str | Path | None = None) -> None:
     """Import every module of ``plugins`` (a list of module names; the working directory is searched first), so
     that what they register (environments, AgentGym adapters, rewards, tasks, losses) is known before the config
-    is checked. A module that is missing or fails to import is one ConfigError line."""
+    is checked. A module that is missing or fails to import is one ConfigError line. A module that would be
+    loaded from inside ``untrusted_dir`` (a resumed run's directory: ``cd RUN && credo train --resume .``) is
+    refused before it is imported: resuming never runs code from the run directory."""
     import importlib
     import sys
 
@@ -96,10 +100,36 @@ def import_plugins(plugins: Any) -> None:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     for name in plugins:
+        if untrusted_dir is not None and name not in sys.modules:
+            _refuse_plugin_inside(name, Path(untrusted_dir))
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - a user module may raise anything while it is imported
             raise ConfigError(f"plugins: importing {name!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _refuse_plugin_inside(name: str, run_dir: Path) -> None:
+    """ConfigError when module ``name`` (or its top-level package) would be loaded from a file under
+    ``run_dir``. Only the top-level package is located, which imports nothing (``find_spec`` of a dotted name
+    would import its parents first)."""
+    import importlib.util
+
+    top = name.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return  # missing: the import below reports it
+    if spec is None:
+        return
+    places = [spec.origin] if spec.origin and spec.has_location else []
+    places += list(spec.submodule_search_locations or [])
+    root = run_dir.resolve()
+    for place in places:
+        where = Path(place).resolve()
+        if where == root or root in where.parents:
+            raise ConfigError(f"plugins: {name!r} would be imported from the run directory ({where}); resuming "
+                              f"never runs code from a run directory: install the module or put it on PYTHONPATH "
+                              f"outside {run_dir}")
 
 
 def config_from_dict(data: dict[str, Any], *, root: type = RunConfig) -> Any:
@@ -116,10 +146,11 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_config(cfg: RunConfig, path: Path) -> None:
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write ``cfg`` as YAML to ``path`` atomically, through a temporary file of an unpredictable name (a link
+    planted in a run directory is replaced, never written through)."""
+    from credo.tracking.atomic import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None))
 
 
 def resolve_preset(name: str) -> Path:
@@ -157,16 +188,9 @@ def resolve_preset_paths(data: dict[str, Any], preset: Path) -> dict[str, Any]:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
-    return data
+        return read_mapping(path)
+    except YamlConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -176,13 +200,17 @@ def parse_override(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {item!r} has an empty key")
-    return key, parse_value(text)
-
-
-def parse_value(text: str) -> Any:
-    """YAML scalar/list parsing, plus numbers YAML 1.1 leaves as strings (``1e-3``)."""
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        return key, parse_value(text, f"override {key}")
+    except YamlConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_value(text: str, source: str = "value") -> Any:
+    """YAML scalar/list parsing (:func:`load_yaml`: an alias bomb is a YamlConfigError naming ``source``), plus
+    numbers YAML 1.1 leaves as strings (``1e-3``); text that is not YAML stays the string it is."""
+    try:
+        value = load_yaml(text, source) if text.strip() else ""
     except yaml.YAMLError:
         return text
     if isinstance(value, str):

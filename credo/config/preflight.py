@@ -6,6 +6,8 @@ written (``credo train`` / ``sft`` / ``rm train`` call :func:`preflight` before 
 - ``model.device``: a torch device that exists here (``cuda`` needs CUDA, ``cuda:N`` an N-th GPU);
 - ``model.path`` / ``critic.path``: a Hugging Face directory whose ``config.json`` parses and names a known
   ``model_type`` (a corrupt file is a :class:`ConfigError`, a missing one a ``FileNotFoundError`` as before);
+- ``distill.teacher.path``: the same, or a LoRA adapter directory; a missing one says how to get a teacher
+  (:data:`TEACHER_HINT`), also on ``--resume`` (a resumed run loads its teacher again);
 - ``rollout.engine=vllm``: vLLM installed and able to run here (its CPU build or CUDA), unless it is a server
   given by URL; ``rollout.vllm.sleep`` only where vLLM has a sleep mode (CUDA);
 - input files (``task.*_file``, ``rm.*_file``, ``replay.pool``) exist and can be read;
@@ -26,6 +28,13 @@ from pathlib import Path
 from credo.config.loader import ConfigError
 from credo.config.schema import RunConfig
 
+# what distill.teacher.path expects and how to get one (docs/algorithms/distill.md)
+TEACHER_HINT = ("distill.teacher.path expects a local Hugging Face model directory whose tokenizer is the student's: "
+                "build the demo teacher with `python benchmarks/distill_teacher.py --out runs/distill_teacher` "
+                "(about 20 min), or train one with `credo train --run-dir RUN ...` and set "
+                "distill.teacher.path=RUN/final, or score with a vLLM server: distill.teacher.path=null "
+                "distill.teacher.url=http://HOST:PORT (docs/algorithms/distill.md)")
+
 
 def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run-dir", rl: bool = True,
               resume: bool = False, files: tuple[tuple[str, str | None], ...] = ()) -> None:
@@ -39,6 +48,7 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run
     if rl and not resume:
         check_model_dir("critic.path", cfg.critic.path)
     if rl:
+        check_teacher(cfg)
         check_rollout_engine(cfg.rollout)
         if cfg.replay is not None and cfg.replay.pool is None:
             raise ConfigError("replay.pool: required to train with a replay section (a pool file from `credo rlep "
@@ -92,6 +102,24 @@ def check_model_dir(key: str, path: str | None) -> None:
 
     if model_type not in CONFIG_MAPPING:
         raise ConfigError(f"{key}: {config} names model_type {model_type!r}, which this transformers does not know")
+
+
+def check_teacher(cfg: RunConfig) -> None:
+    """``distill.teacher.path`` (when distilling from a local teacher) is what the teacher loader reads: a LoRA
+    adapter directory, or a model directory as :func:`check_model_dir` checks it; a directory without
+    ``config.json`` is a ``FileNotFoundError`` (exit 1, as the loader's) that says how to get a teacher."""
+    from credo.models.lora import is_adapter_dir
+
+    d = cfg.distill
+    if d is None or not d.teacher.path:
+        return
+    root = Path(d.teacher.path).expanduser()
+    if is_adapter_dir(root):
+        return
+    if not (root / "config.json").is_file():
+        raise FileNotFoundError(f"distill.teacher.path: {root} is not a Hugging Face model directory (no "
+                                f"config.json); {TEACHER_HINT}")
+    check_model_dir("distill.teacher.path", d.teacher.path)
 
 
 def check_rollout_engine(rollout) -> None:

@@ -317,6 +317,8 @@ class CheckpointConfig:
     every: int = opt(50, "checkpoint every N steps (0 = only at the end)", min=0)
     keep: int = opt(2, "checkpoints to keep (older ones are deleted)", min=1)
     save_final: bool = opt(True, "save the final policy as a Hugging Face directory in RUN_DIR/final")
+    on_signal: bool = opt(True, "on SIGTERM / SIGUSR1 (a scheduler's preemption notice) finish the step, write a "
+                          "checkpoint and exit with code 75 (docs/security.md); false: stop at once as before")
 
 
 @dataclass

@@ -19,6 +19,8 @@ Input handling: ids and ``data_idx`` must be JSON integers (``0.0``, ``true`` or
 missing id or a non-string action); an unknown id is 404. Calls on one instance (/reset, /step, /close) are
 serialised by a lock of that instance; different instances run concurrently. With a ``token`` every request
 needs ``Authorization: Bearer <token>`` (401 otherwise, :func:`credo.http_auth.install_bearer_auth`).
+Connections, request heads and bodies (8 MiB by default, ``--max-request-mb``) are bounded by
+:class:`credo.http_server.ServerLimits`.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from typing import Any
 
 from credo.envs.base import ENVS, check_env_params, make_env
 from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
+from credo.http_server import ServerLimits, install_body_limit
+from credo.http_server import serve as serve_http
 
 
 @dataclass
@@ -131,12 +135,15 @@ class _Pool:
             return {"env": self.env_name, "live": len(self.instances), **self.counts}
 
 
-def create_app(env_name: str, *, max_instances: int = 4096, token: str | None = None, **params: Any):
-    """The FastAPI app serving ``env_name``; bad ``params`` raise ValueError here, before anything is served."""
+def create_app(env_name: str, *, max_instances: int = 4096, token: str | None = None,
+               server_limits: ServerLimits | None = None, **params: Any):
+    """The FastAPI app serving ``env_name``; bad ``params`` raise ValueError here, before anything is served.
+    Request bodies are bounded by ``server_limits`` (default :class:`ServerLimits`: 8 MiB), after the bearer check."""
     from fastapi import FastAPI
 
     make_env(env_name, **check_env_params(env_name, params)).close()  # a probe: constructor range checks
     app = FastAPI(title=f"credo env: {env_name}")
+    install_body_limit(app, server_limits or ServerLimits())
     install_bearer_auth(app, token)
     _add_routes(app, _Pool(env_name, params, max_instances))
     return app
@@ -199,13 +206,13 @@ def _add_routes(app, pool: _Pool) -> None:
 
 
 def serve(env_name: str, *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-          max_instances: int = 4096, **params: Any) -> None:
+          max_instances: int = 4096, server_limits: ServerLimits | None = None, **params: Any) -> None:
     """Serve ``env_name`` on ``host:port``. The token is ``token`` or ``$CREDO_ENV_TOKEN`` (none: no
-    authentication, and a warning on a non-loopback bind). An unknown environment (KeyError) or a bad parameter
-    (ValueError, or TypeError from an environment's own checks) raises before anything binds."""
-    import uvicorn
-
+    authentication, and a warning on a non-loopback bind); connections, heads and bodies are bounded by
+    ``server_limits`` (default :class:`ServerLimits`, :mod:`credo.http_server`). An unknown environment (KeyError)
+    or a bad parameter (ValueError, or TypeError from an environment's own checks) raises before anything binds."""
+    server_limits = server_limits or ServerLimits()
     token = resolve_token("env", token)
-    app = create_app(env_name, max_instances=max_instances, token=token, **params)
+    app = create_app(env_name, max_instances=max_instances, token=token, server_limits=server_limits, **params)
     warn_if_exposed(host, token, what=f"credo env serve {env_name}")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    serve_http(app, host=host, port=port, limits=server_limits)

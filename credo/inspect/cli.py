@@ -24,7 +24,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from credo.inspect.core import inspect_run
     from credo.inspect.page import render_html, to_json
     from credo.tracking.atomic import atomic_write_text
+    from credo.tracking.rundir import check_run_dir
 
+    check_run_dir(Path(args.run_dir), "credo inspect")  # no links out of the run (credo.tracking.rundir)
     ins = inspect_run(Path(args.run_dir), args.step, losses=args.losses, estimators=args.estimators,
                       device=args.device)
     text = json.dumps(to_json(ins)) if args.format == "json" else render_html(ins, max_samples=args.samples)

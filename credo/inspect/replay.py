@@ -81,7 +81,7 @@ def load_rows(run_dir: Path, step: int) -> list[dict[str, Any]]:
 def run_config(run_dir: Path, notes: list[str]) -> RunConfig:
     path = run_dir / "config.yaml"
     if path.is_file():
-        return load_config(str(path))
+        return load_config(str(path), untrusted_dir=run_dir)  # no plugin imported from the run directory
     notes.append("no config.yaml: the run's loss / estimator settings are credo's defaults")
     return load_config(None)
 

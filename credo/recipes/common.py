@@ -6,7 +6,6 @@ import copy
 import json
 import logging
 import random
-import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -20,8 +19,10 @@ from credo.rewards import RewardRunner
 from credo.rewards.mixed import MixedRunner, NoisyRunner
 from credo.rollout import HFRolloutEngine
 from credo.collect.evaluate import evaluate
+from credo.tracking.atomic import atomic_write_text
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
+from credo.tracking.rundir import check_run_dir, clear_run_dir, write_marker
 from credo.tracking.trackers import open_trackers
 from credo.train.sft import run_sft
 from credo.types import SamplingParams
@@ -29,14 +30,19 @@ from credo.types import SamplingParams
 log = logging.getLogger(__name__)
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool, overwrite: bool = False) -> Path:
+def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool, overwrite: bool = False, *,
+                    command: str = "train") -> Path:
     """The run directory (``run_dir``, else ``output_dir/run_name``, else a timestamped name) with the run's
-    ``config.yaml`` written. A new run refuses a directory that already holds files (its logs would mix with the
-    previous run's) unless ``overwrite``, which first deletes the previous run (:func:`clear_run_dir`)."""
+    ``config.yaml`` and credo's marker written (:mod:`credo.tracking.rundir`). A new run refuses a directory that
+    already holds files (its logs would mix with the previous run's) unless ``overwrite``, which first deletes what
+    a previous credo run wrote there (:func:`credo.tracking.rundir.clear_run_dir`: a folder without credo's marker
+    is refused). A resumed run's directory must hold no symlink (:func:`credo.tracking.rundir.check_run_dir`)."""
     if run_dir is None:
         name = cfg.run_name or f"{cfg.task.name}-{cfg.algo.policy_loss}-{datetime.now():%Y%m%d-%H%M%S}"
         run_dir = Path(cfg.output_dir) / name
     run_dir = Path(run_dir)
+    if resume and run_dir.is_dir():
+        check_run_dir(run_dir, "--resume")
     if not resume and run_dir.is_dir() and any(run_dir.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{run_dir} is not empty (a previous run?); continue a training run with "
@@ -44,25 +50,9 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool, overwrit
                                   f"or --run-dir")
         clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_marker(run_dir, command)
     dump_config(cfg, run_dir / "config.yaml")
     return run_dir
-
-
-def clear_run_dir(run_dir: Path) -> None:
-    """Delete everything in ``run_dir`` for ``--overwrite``: only a credo run directory (it has ``config.yaml``)
-    that neither is nor contains the working directory."""
-    here, target = Path.cwd().resolve(), run_dir.resolve()
-    if not (run_dir / "config.yaml").is_file():
-        raise FileExistsError(f"--overwrite refuses {run_dir}: it holds files but no config.yaml, so it is not a "
-                              f"credo run directory (remove it yourself or choose another run directory)")
-    if here == target or target in here.parents:
-        raise FileExistsError(f"--overwrite refuses {run_dir}: it contains the working directory")
-    log.warning("--overwrite: deleting the previous run in %s", run_dir)
-    for entry in run_dir.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
 
 
 def seed_everything(seed: int, threads: int | None = None) -> None:
@@ -237,7 +227,7 @@ def write_summary(cfg: RunConfig, run_dir: Path, model, *, start_eval: dict, las
     summary.update({f"final/{k}": v for k, v in last_eval.items()})
     if "eval/greedy_acc" in start_eval and "eval/greedy_acc" in last_eval:
         summary["greedy_acc_gain_points"] = round(100 * (last_eval["eval/greedy_acc"] - start_eval["eval/greedy_acc"]), 2)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     if cfg.log.report:
         from credo.report import write_report
 
@@ -245,5 +235,9 @@ def write_summary(cfg: RunConfig, run_dir: Path, model, *, start_eval: dict, las
 
 
 def save_final(cfg: RunConfig, run_dir: Path, model, tokenizer) -> None:
+    """``RUN_DIR/final`` with a ``MANIFEST.json`` of its files (checked by ``credo export``)."""
     if cfg.checkpoint.save_final:
+        from credo.train.checkpoint import write_manifest
+
         save_model(model, tokenizer, run_dir / "final")
+        write_manifest(run_dir / "final")

@@ -49,6 +49,7 @@ from credo.recipes.stages import (COLLECTOR_KEY, PASS_STATS, advantage_inputs, a
                                   build_token_selector, collector_state, fuse_old_logprobs, load_reference,
                                   needs_critic, new_critic, save_reference, shardable, step_metrics)
 from credo.recipes.lora_stage import lora_policy
+from credo.recipes.preemption import Preempted, StopSignals
 from credo.tracking.dump import rollout_records
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
@@ -131,7 +132,9 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     data = load_data(cfg, cfg.seed)
     ckpt = resume_checkpoint(run_dir) if resume else None  # the newest intact one (damaged ones are skipped)
     if resume and ckpt is None:
-        raise FileNotFoundError(f"no complete, intact checkpoint in {run_dir}/checkpoints; start a new run instead")
+        raise FileNotFoundError(f"no complete, intact checkpoint in {run_dir}/checkpoints (the run stopped before "
+                                f"its first checkpoint?); start it again in the same folder with: credo train "
+                                f"--config {run_dir}/config.yaml --run-dir {run_dir} --overwrite")
     if ckpt is not None and cfg.distributed.strategy == "fsdp2":
         raise NotImplementedError("resuming a distributed.strategy=fsdp2 run is not implemented: its checkpoints "
                                   "hold the whole weights but each rank's optimizer state is sharded")
@@ -201,8 +204,11 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
 # ============================================================================ the RL loop
 
 def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> None:
+    """The steps, each followed by its metrics row, its evaluation and checkpoint when due, and a check for a
+    preemption signal (credo.recipes.preemption: finish the step, checkpoint, stop with exit code 75)."""
+    on_signal = cfg.checkpoint.on_signal and cfg.distributed.backend != "ray"
     with StepProgress("rl", cfg.train.steps, state.step, enabled=cfg.log.progress,
-                      print_every=cfg.log.print_every) as bar:
+                      print_every=cfg.log.print_every) as bar, StopSignals(on_signal) as signals:
         bar.update(state.step, state.last_eval)
         while state.step < cfg.train.steps:
             t0 = time.perf_counter()
@@ -217,14 +223,21 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
             # the step's row is on disk before its checkpoint exists: a kill in between resumes from the older
             # checkpoint (whose later rows are truncated), never from one whose step has no row
             parts.logger.log(state.step, metrics)
-            if checkpoint_due(cfg, state.step):
-                t_ck = time.perf_counter()
-                save_checkpoint(run_dir, state.step, model=parts.rollout.plain_model(), tokenizer=parts.tokenizer,
-                                keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts),
-                                critic=parts.critic)
-                parts.logger.log(state.step, {"timing_s/checkpoint": time.perf_counter() - t_ck},
-                                 file="checkpoints.jsonl")
+            stop = signals.requested(parts.dp)
+            if checkpoint_due(cfg, state.step) or (stop and state.step < cfg.train.steps):
+                checkpoint(cfg, run_dir, state, parts)
             bar.update(state.step, metrics)
+            if stop and state.step < cfg.train.steps:  # the last step goes on to write final/ and the summary
+                raise Preempted(f"{stop} after RL step {state.step}: checkpoint step_{state.step:06d} written in "
+                                f"{run_dir}; continue with: credo train --resume {run_dir}")
+
+
+def checkpoint(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> None:
+    """Checkpoint step ``state.step`` (credo.train.checkpoint) and log its duration to checkpoints.jsonl."""
+    t_ck = time.perf_counter()
+    save_checkpoint(run_dir, state.step, model=parts.rollout.plain_model(), tokenizer=parts.tokenizer,
+                    keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts), critic=parts.critic)
+    parts.logger.log(state.step, {"timing_s/checkpoint": time.perf_counter() - t_ck}, file="checkpoints.jsonl")
 
 
 def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict[str, float]:

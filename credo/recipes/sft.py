@@ -23,6 +23,7 @@ from credo.recipes.common import (
     write_summary,
 )
 from credo.rollout import HFRolloutEngine
+from credo.train.checkpoint import write_manifest
 
 
 def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False) -> Path:
@@ -48,6 +49,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False)
         after = run_eval(cfg, engine, runner, data, run_dir, step=cfg.warm_start.steps)
         logger.log(cfg.warm_start.steps, after)
     save_model(model, tokenizer, run_dir / "final")
+    write_manifest(run_dir / "final")
     write_summary(cfg, run_dir, model, start_eval=before, last_eval=after, extra={"sft_steps": cfg.warm_start.steps})
     return run_dir
 
@@ -81,17 +83,21 @@ def resolve_target(target: Path, config: str | None, overrides: list[str]) -> tu
     directory (RUN/checkpoints/step_N: its model, the run's config) or a Hugging Face model directory (``config``
     and the overrides, or the defaults)."""
     from credo.train.checkpoint import latest_checkpoint
+    from credo.tracking.rundir import check_run_dir
 
     target = Path(target)
     if (target / "config.yaml").is_file() and not (target / "config.json").is_file():
-        cfg = load_config(config or str(target / "config.yaml"), overrides)
+        check_run_dir(target, "credo eval")  # a run directory: no links out, no plugin imported from it
+        cfg = load_config(config or str(target / "config.yaml"), overrides, untrusted_dir=target)
         ckpt = latest_checkpoint(target)
         model_dir = target / "final" if (target / "final").is_dir() else (ckpt / "model" if ckpt else None)
         if model_dir is None:
             raise FileNotFoundError(f"{target} has neither final/ nor a complete checkpoint")
         return cfg, model_dir
     if (target / "model").is_dir() and (target.parent.parent / "config.yaml").is_file():  # a checkpoint
-        return load_config(config or str(target.parent.parent / "config.yaml"), overrides), target / "model"
+        check_run_dir(target.parent.parent, "credo eval")
+        return (load_config(config or str(target.parent.parent / "config.yaml"), overrides,
+                            untrusted_dir=target.parent.parent), target / "model")
     if not target.is_dir():
         raise FileNotFoundError(f"{target} is not a run, checkpoint or model directory")
     return load_config(config, overrides), target

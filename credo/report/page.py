@@ -24,6 +24,7 @@ from typing import Any
 from credo.report.plots import TIMING_TOTAL, PlotFile, keys_with_prefix, make_plots, series
 from credo.tracking.atomic import atomic_write_text
 from credo.tracking.metrics import read_metrics
+from credo.tracking.rundir import check_run_dir
 
 __all__ = ["write_report", "summarize", "merge_by_step"]
 
@@ -236,6 +237,8 @@ def write_report(run_dir: str | Path) -> Path:
     """
     run_dir = Path(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
+    if run_dir.is_dir():
+        check_run_dir(run_dir, "credo report")  # a linked config.yaml would be copied into the page
     if not metrics_path.is_file():
         raise FileNotFoundError(
             f"cannot write a report for {run_dir}: {metrics_path} does not exist "

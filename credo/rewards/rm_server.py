@@ -6,7 +6,8 @@
 Bounds (:class:`ServeLimits`, CLI flags of ``credo rm serve``):
 
 - a body over ``max_request_bytes`` is answered 413 (``Content-Length`` is checked before the body is read, and a
-  chunked body is counted while it is read); more than ``max_pairs`` (prompt, response) pairs: 413;
+  chunked body is counted while it is read: :class:`credo.http_server.BodyLimit`, which also gives the whole body
+  ``body_timeout_s`` to arrive); more than ``max_pairs`` (prompt, response) pairs: 413;
 - a prompt + response over ``max_tokens`` tokens (default: the model's context) is cut from the left: the prompt
   loses its beginning first, and a response longer than ``max_tokens - 1`` keeps its last tokens after the
   prompt's last one; the reply lists the indices of the cut pairs in ``truncated``. The last token (``last``
@@ -15,18 +16,21 @@ Bounds (:class:`ServeLimits`, CLI flags of ``credo rm serve``):
   released between forwards, so a small request waits for at most one forward of a big one.
 
 A score that is not finite is sent as ``null`` (the client counts it as a failed result). An optional bearer
-token (``--token`` / ``CREDO_RM_TOKEN``, :mod:`credo.http_auth`) guards every route.
+token (``--token`` / ``CREDO_RM_TOKEN``, :mod:`credo.http_auth`) guards every route. Connections and request heads
+are bounded by :class:`credo.http_server.ServerLimits` (:func:`serve`).
 """
 from __future__ import annotations
 
 import json
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
+from credo.http_server import ServerLimits, install_body_limit
+from credo.http_server import serve as serve_http
 
 
 @dataclass(frozen=True)
@@ -144,22 +148,6 @@ class Rejected(Exception):
         self.status, self.detail = status, detail
 
 
-async def read_body(request: Any, max_bytes: int) -> bytes:
-    """The request body, refused (413) past ``max_bytes`` without reading the rest."""
-    length = request.headers.get("content-length")
-    if length is not None and not length.isdigit():
-        raise Rejected(400, "invalid Content-Length")
-    if length is not None and int(length) > max_bytes:
-        raise Rejected(413, f"request body over {max_bytes} bytes (--max-request-bytes)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise Rejected(413, f"request body over {max_bytes} bytes (--max-request-bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def parse_pairs(raw: bytes, max_pairs: int) -> tuple[list[str], list[str]]:
     """``{prompts: [str], responses: [str]}`` of equal length and at most ``max_pairs``; else 422 / 413."""
     try:
@@ -179,8 +167,10 @@ def parse_pairs(raw: bytes, max_pairs: int) -> tuple[list[str], list[str]]:
 
 
 def create_app(path: str | Path, *, device: str = "cpu", pooling: str = "last", limits: ServeLimits | None = None,
-               token: str | None = None, on_batch: Callable[[list[str]], None] | None = None):
-    """The FastAPI app (module docstring); ``app.state.scorer`` is its :class:`BoundedScorer`."""
+               token: str | None = None, on_batch: Callable[[list[str]], None] | None = None,
+               server_limits: ServerLimits | None = None):
+    """The FastAPI app (module docstring); ``app.state.scorer`` is its :class:`BoundedScorer`. Bodies are read
+    under ``limits.max_request_bytes`` and ``server_limits.body_timeout_s`` (default :class:`ServerLimits`)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
@@ -192,11 +182,13 @@ def create_app(path: str | Path, *, device: str = "cpu", pooling: str = "last", 
     scorer = BoundedScorer(model, limits, on_batch)
     app = FastAPI(title="credo reward model")
     app.state.scorer = scorer
+    install_body_limit(app, replace(server_limits or ServerLimits(), max_body_bytes=limits.max_request_bytes),
+                       flag="--max-request-bytes")
     install_bearer_auth(app, token)
 
-    async def score(request):  # a Starlette route: the raw request, so the body is read under the byte cap
+    async def score(request):  # a Starlette route: the raw body (already bounded by the body limit)
         try:
-            prompts, responses = parse_pairs(await read_body(request, limits.max_request_bytes), limits.max_pairs)
+            prompts, responses = parse_pairs(await request.body(), limits.max_pairs)
         except Rejected as exc:
             return JSONResponse({"detail": exc.detail}, status_code=exc.status)
         return JSONResponse(await run_in_threadpool(scorer.score, prompts, responses))
@@ -211,10 +203,11 @@ def create_app(path: str | Path, *, device: str = "cpu", pooling: str = "last", 
 
 
 def serve(path: str | Path, *, host: str = "127.0.0.1", port: int = 8090, token: str | None = None,
-          **kwargs: Any) -> None:
-    """``credo rm serve``: the app of :func:`create_app` under uvicorn; the token defaults to ``CREDO_RM_TOKEN``."""
-    import uvicorn
-
+          server_limits: ServerLimits | None = None, **kwargs: Any) -> None:
+    """``credo rm serve``: the app of :func:`create_app` under uvicorn, its connections and heads bounded by
+    ``server_limits`` (:mod:`credo.http_server`); the token defaults to ``CREDO_RM_TOKEN``."""
+    server_limits = server_limits or ServerLimits()
     token = resolve_token("rm", token)
     warn_if_exposed(host, token, what="credo rm serve")
-    uvicorn.run(create_app(path, token=token, **kwargs), host=host, port=port, log_level="warning")
+    app = create_app(path, token=token, server_limits=server_limits, **kwargs)
+    serve_http(app, host=host, port=port, limits=server_limits)

@@ -16,7 +16,8 @@ request may lower a limit, never raise it (above a maximum: 422; ``limits.wall_t
 backstop; ``compile_timeout_s`` / ``compile_timeout`` at most ``--max-compile-time-s``). With a token
 (``--token`` or ``$CREDO_SANDBOX_TOKEN``) every request needs ``Authorization: Bearer <token>`` (401
 otherwise). When more than ``max_queue`` jobs are waiting, requests are answered 429 (retry later) instead of
-queueing without bound.
+queueing without bound. Connections, request heads and bodies are bounded by :class:`credo.http_server.ServerLimits`
+(:data:`SERVER_LIMITS`: a body over 64 MiB is 413, ``--max-request-mb``; larger ``files`` need the flag).
 SIGTERM shuts down cleanly: running requests get a few seconds, then the workers stop and the sandbox's
 temporary directory is removed.
 """
@@ -28,6 +29,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
+from credo.http_server import MiB, ServerLimits, install_body_limit
+from credo.http_server import serve as serve_http
 from credo.sandbox.limits import (
     CE,
     MAX_INT,
@@ -59,14 +62,19 @@ _FUSION_DEFAULTS = {"time_s": 10.0, "memory_mb": 1024}
 FUSION_COMPILE_TIMEOUT_S = 10.0  # SandboxFusion's default compile_timeout
 FUSION_POD = "credo"  # executor_pod_name
 SHUTDOWN_GRACE_S = 5  # seconds running requests get after SIGTERM
+SERVER_LIMITS = ServerLimits(max_body_bytes=64 * MiB)  # fits /run_code's 64 files of 32 MiB decoded in all
 
 
-def create_app(sandbox: Sandbox, *, max_queue: int = 256, caps: LimitCaps | None = None, token: str | None = None):
+def create_app(sandbox: Sandbox, *, max_queue: int = 256, caps: LimitCaps | None = None, token: str | None = None,
+               server_limits: ServerLimits | None = None):
+    """The FastAPI app (module docstring); request bodies are bounded by ``server_limits`` (default
+    :data:`SERVER_LIMITS`), after the bearer check."""
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import JSONResponse
 
     caps = caps or LimitCaps()
     app = FastAPI(title="credo sandbox", version="1")
+    install_body_limit(app, server_limits or SERVER_LIMITS)
     install_bearer_auth(app, token)
 
     @app.exception_handler(FieldError)
@@ -220,12 +228,13 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, workers: int | None = None, max_queue: int = 256,
-          unsafe: bool = False, *, token: str | None = None, caps: LimitCaps | None = None) -> None:
+          unsafe: bool = False, *, token: str | None = None, caps: LimitCaps | None = None,
+          server_limits: ServerLimits | None = None) -> None:
     """Serve a new :class:`Sandbox` on ``host:port`` until SIGINT / SIGTERM, then close it (workers stopped,
     temporary directory removed; SIGTERM exits with status 143). The token is ``token`` or
-    ``$CREDO_SANDBOX_TOKEN`` (none: no authentication, and a warning on a non-loopback bind)."""
-    import uvicorn
-
+    ``$CREDO_SANDBOX_TOKEN`` (none: no authentication, and a warning on a non-loopback bind); connections, heads
+    and bodies are bounded by ``server_limits`` (default :data:`SERVER_LIMITS`, :mod:`credo.http_server`)."""
+    server_limits = server_limits or SERVER_LIMITS
     token = resolve_token("sandbox", token)
     warn_if_exposed(host, token, what="credo sandbox serve")
     # uvicorn restores this handler after its graceful shutdown and re-raises SIGTERM: the SystemExit then
@@ -233,7 +242,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, workers: int | None = None,
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with Sandbox(workers=workers, unsafe=unsafe) as sandbox:
-            app = create_app(sandbox, max_queue=max_queue, caps=caps, token=token)
-            uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+            app = create_app(sandbox, max_queue=max_queue, caps=caps, token=token, server_limits=server_limits)
+            serve_http(app, host=host, port=port, limits=server_limits, log_level="info",
+                       timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     finally:
         signal.signal(signal.SIGTERM, previous)

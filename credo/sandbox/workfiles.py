@@ -35,21 +35,21 @@ TAR = "/usr/bin/tar"
 
 
 def check_path(path: Any, label: str) -> str:
-    """``path`` normalised (a leading ``./`` dropped), or :class:`FieldError` when it could leave the work dir."""
+    """``path`` as given when it is a plain relative path (components joined by single ``/``, none empty, ``.``
+    or ``..``: so no leading ``./``, no ``a//b``, no trailing ``/``; at most :data:`MAX_DEPTH` of them), else
+    :class:`FieldError` naming ``label``."""
     if not isinstance(path, str):
         raise FieldError(f"{label} must be a string path, got {type_name(path)}")
     if not path or len(path) > MAX_PATH_CHARS or "\0" in path:
         raise FieldError(f"{label} must be a non-empty path of at most {MAX_PATH_CHARS} characters without NUL")
     if path.startswith("/"):
         raise FieldError(f"{label} {path!r:.60} is absolute; paths are relative to the work dir")
-    while path.startswith("./"):
-        path = path[2:]
     parts = path.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise FieldError(f"{label} {path!r:.60} has an empty, '.' or '..' component")
     if len(parts) > MAX_DEPTH:
         raise FieldError(f"{label} {path!r:.60} is deeper than {MAX_DEPTH} directories")
-    return posixpath.join(*parts)
+    return path
 
 
 def check_inputs(files: Any, reserved: tuple[str, ...] = (), label: str = "files", *,

@@ -45,6 +45,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from credo.tracking.atomic import atomic_write_text
+from credo.tracking.rundir import UnsafeRunDir, open_nofollow
 
 if TYPE_CHECKING:
     from credo.tracking.trackers import TrackerSet
@@ -124,6 +125,8 @@ def _repair_tail(path: Path) -> None:
     A last line without newline is completed if it is valid JSON, and cut off otherwise (a crash
     mid-write left it truncated).
     """
+    if path.is_symlink():
+        raise UnsafeRunDir(f"{path} is a symlink: credo does not write through links in a run directory")
     if not path.exists() or path.stat().st_size == 0:
         return
     with path.open("rb+") as f:
@@ -288,7 +291,7 @@ class MetricsLogger:
         if handle is None:
             path = self.run_dir / file
             _repair_tail(path)
-            handle = self._files[file] = path.open("a", encoding="utf-8")
+            handle = self._files[file] = open_nofollow(path, "a")  # a planted link is refused, not followed
         handle.write(line + "\n")
         handle.flush()
         os.fsync(handle.fileno())

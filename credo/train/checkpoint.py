@@ -23,6 +23,7 @@ allow-list of the types they hold (:data:`LEGACY_GLOBALS`), anything else is ref
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -41,6 +42,8 @@ import torch
 from safetensors import safe_open
 
 from credo.models import save_model
+from credo.tracking.atomic import atomic_write_text
+from credo.tracking.rundir import open_nofollow
 from credo.train.state_codec import DATACLASSES, JSON_FILE, StateFormatError, load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ MANIFEST_FORMAT = "credo-checkpoint-manifest/1"
 COMPLETE = "COMPLETE"
 LEGACY_STATE = "trainer_state.pt"
 STEP_NAME = re.compile(r"step_[0-9]{6,}")
+STALE_NAME = re.compile(r"\.(tmp|old)-step_[0-9]{6,}-[0-9]+")  # save_checkpoint's partial folders
 # what a pre-manifest trainer_state.pt holds besides tensors and plain containers: numpy's RNG key array and the
 # one-step-off mode's pending rollouts (the same dataclasses the current format allows)
 _NP_CORE = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
@@ -75,18 +79,29 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state: dict[str, Any], keep: int,
                     critic=None) -> Path:
+    """Write checkpoint ``step`` atomically (module docstring). A write that fails (a full disk included) leaves
+    no partial folder behind and the previous checkpoint untouched; a full disk is one line
+    (:class:`CheckpointSpaceError`) naming the folder, the space needed and the space free."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    save_model(model, tokenizer, tmp / "model")
-    if critic is not None:
-        critic.save(tmp / "critic")
-    save_state(trainer_state, tmp)
-    write_manifest(tmp)
-    _write_synced(tmp / COMPLETE, name)
+    _remove(tmp)
+    try:
+        save_model(model, tokenizer, tmp / "model")
+        if critic is not None:
+            critic.save(tmp / "critic")
+        save_state(trainer_state, tmp)
+        write_manifest(tmp)
+        _write_synced(tmp / COMPLETE, name)
+    except BaseException as exc:
+        written = _tree_bytes(tmp)
+        _remove(tmp)
+        if isinstance(exc, Exception):
+            needed = max(written, _tree_bytes(_newest_complete(root)), _tensor_bytes(model, trainer_state))
+            if _disk_full(exc, root, needed):
+                raise CheckpointSpaceError(_space_message(run_dir, root, name, needed)) from exc
+        raise
     final = root / name
     if final.exists():  # re-saving the same step (e.g. after a resume): move the old one aside first
         old = root / f".old-{name}-{os.getpid()}"
@@ -97,6 +112,99 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
     _write_atomic(root / "latest", name)
     _prune(root, keep)
     return final
+
+
+class CheckpointSpaceError(OSError):
+    """A checkpoint did not fit on its disk; nothing of it was left behind."""
+
+
+def _space_message(run_dir: Path, root: Path, name: str, needed: int) -> str:
+    free = shutil.disk_usage(root).free
+    previous = _newest_complete(root)
+    kept = f"the previous checkpoint {previous.name} is untouched" if previous else "no earlier checkpoint exists"
+    return (f"checkpoint {name}: no space left on the device of {root}: a checkpoint needs about "
+            f"{_mb(needed)}, {_mb(free)} is free; nothing of {name} was left behind and {kept}; free space, then "
+            f"continue with: credo train --resume {run_dir}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NO_SPACE_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122", "File too large")
+
+
+def _disk_full(exc: Exception, root: Path, needed: int) -> bool:
+    """Whether a failed write ran out of space: an OSError with ENOSPC / EDQUOT / EFBIG, another library's error
+    saying so (safetensors raises its own type: "No space left on device (os error 28)"), or less free space
+    left than the checkpoint needs."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return True
+        if e is not None and any(t in str(e) for t in NO_SPACE_TEXT):
+            return True
+    try:
+        return shutil.disk_usage(root).free < needed
+    except OSError:
+        return False
+
+
+def _tensor_bytes(model, trainer_state: Any) -> int:
+    """Bytes of the tensors a checkpoint stores (weights and trainer state): a lower bound of its size."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
+    stack = [trainer_state]
+    while stack:
+        item = stack.pop()
+        if torch.is_tensor(item):
+            total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack += list(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack += list(item)
+    return total
+
+
+def _newest_complete(root: Path) -> Path | None:
+    """The newest checkpoint with its COMPLETE marker (not verified: a size estimate and a name for messages)."""
+    return next((c for c in _candidates(root) if (c / COMPLETE).is_file()), None)
+
+
+def _tree_bytes(path: Path | None) -> int:
+    """Bytes of the regular files under ``path`` (0 when it does not exist); links are not followed."""
+    if path is None:
+        return 0
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for f in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _remove(path: Path) -> None:
+    """Remove a folder credo writes (a link in its place is removed, never followed)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_temps(run_dir: Path) -> list[str]:
+    """Remove the partial folders (``.tmp-step_N-PID``, ``.old-step_N-PID``) killed or failed saves of this run
+    left in ``RUN_DIR/checkpoints``; returns their names. Called at resume, when no other process writes there."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    stale = sorted(p for p in root.iterdir() if STALE_NAME.fullmatch(p.name))
+    for path in stale:
+        _remove(path)
+    if stale:
+        log.info("removed %d partial checkpoint folder(s) of earlier saves: %s", len(stale),
+                 ", ".join(p.name for p in stale))
+    return [p.name for p in stale]
 
 
 def write_manifest(ckpt: Path) -> dict[str, Any]:
@@ -114,15 +222,24 @@ def checkpoint_problem(ckpt: Path) -> str | None:
         return f"{ckpt} is incomplete (no {COMPLETE} marker)"
     if not (ckpt / MANIFEST).is_file():
         return _legacy_problem(ckpt)
+    return manifest_problem(ckpt)
+
+
+def manifest_problem(folder: Path) -> str | None:
+    """Why the files of ``folder`` do not match its ``MANIFEST.json`` (the first damaged, missing, unlisted or
+    linked file), or None. A checkpoint's manifest and the final model's (``RUN_DIR/final``) are checked alike."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        return f"{folder} is a symlink"
     try:
-        manifest = json.loads((ckpt / MANIFEST).read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
         files = manifest["files"]
         assert manifest["format"] == MANIFEST_FORMAT and isinstance(files, dict)
     except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        return f"{ckpt / MANIFEST} is damaged"
-    present = set(_files(ckpt))
+        return f"{folder / MANIFEST} is damaged"
+    present = set(_files(folder))
     for rel, entry in sorted(files.items()):
-        path = ckpt / rel
+        path = folder / rel
         if rel not in present:
             return f"{path} is missing"
         if path.is_symlink():
@@ -132,7 +249,7 @@ def checkpoint_problem(ckpt: Path) -> str | None:
         if _sha256(path) != entry.get("sha256"):
             return f"{path} does not match its checksum (damaged)"
     extra = sorted(present - set(files))
-    return f"{ckpt / extra[0]} is not in {MANIFEST}" if extra else None
+    return f"{folder / extra[0]} is not in {MANIFEST}" if extra else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -148,7 +265,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def resume_checkpoint(run_dir: Path) -> Path | None:
     """:func:`latest_checkpoint` for a resume: the damaged checkpoints newer than it are renamed
-    ``damaged-step_N`` (kept for inspection, out of pruning, never resumed from)."""
+    ``damaged-step_N`` (kept for inspection, out of pruning, never resumed from); partial folders of earlier
+    saves are removed first (:func:`remove_stale_temps`)."""
+    remove_stale_temps(run_dir)
     ckpt = latest_checkpoint(run_dir)
     root = Path(run_dir) / CKPT_DIR
     for newer in _candidates(root):  # an intact newer one (a kill before the pointer moved) stays where it is
@@ -290,16 +409,16 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as f:
+    """Write and fsync ``path``, refusing a link in its place (credo.tracking.rundir.open_nofollow)."""
+    with open_nofollow(path, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    _write_synced(tmp, text)
-    os.replace(tmp, path)
+    """Replace ``path`` through a temporary file of an unpredictable name (no link can be planted there)."""
+    atomic_write_text(path, text)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -94,7 +94,8 @@ def _rs_option(name: str, spec: str) -> RsOption:
 
 def is_weights(lr: torch.Tensor, mask: torch.Tensor, *, level: str, upper: float, lower: float | None,
                batch_normalize: bool) -> tuple[torch.Tensor, dict[str, float]]:
-    """Detached IS weights (B, T), 0 off the mask, and verl's ``rollout_is_*`` metrics (before normalisation)."""
+    """Detached IS weights (B, T), 0 off the mask, and verl's ``rollout_is_*`` metrics (before normalisation; none
+    when the mask has no token: there is nothing to summarise, and a max over no token would raise)."""
     lr = lr.detach()  # (B, T)
     if level == "token":
         raw = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * mask  # (B, T)
@@ -105,14 +106,16 @@ def is_weights(lr: torch.Tensor, mask: torch.Tensor, *, level: str, upper: float
         w = raw.clamp(max=upper)
     else:
         w = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
-    metrics = _is_metrics(w, raw, lr, mask, level, upper, lower)
+    has_tokens = bool(mask.sum() > 0)
+    metrics = _is_metrics(w, raw, lr, mask, level, upper, lower) if has_tokens else {}
     if batch_normalize:
         if level == "token":
             mean = vmean(w, mask)
         else:
             row = (mask.sum(-1) > 0).to(w.dtype)  # (B,)
             mean = (vmean(w, mask, -1) * row).sum() / row.sum().clamp(min=1e-8)
-        metrics["rollout_is_batch_norm_factor"] = float(mean) if mean > 1e-8 else 1.0
+        if has_tokens:
+            metrics["rollout_is_batch_norm_factor"] = float(mean) if mean > 1e-8 else 1.0
         w = w / mean if mean > 1e-8 else w
     return w, metrics
 
@@ -152,11 +155,12 @@ def _row_stat(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
 
 def rejection_mask(lr: torch.Tensor, mask: torch.Tensor,
                    options: list[RsOption]) -> tuple[torch.Tensor, dict[str, float]]:
-    """(B, T) keep mask (1 kept, 0 rejected; detached) where every option passes, and ``rollout_rs_*`` metrics."""
+    """(B, T) keep mask (1 kept, 0 rejected; detached) where every option passes, and ``rollout_rs_*`` metrics
+    (none when the mask has no token: nothing to summarise, and a max over no token would raise)."""
     lr_s = lr.detach().clamp(-SAFETY_BOUND, SAFETY_BOUND)  # (B, T)
     stats = {"k1": -lr_s, "k2": 0.5 * lr_s**2, "k3": lr_s.exp() - 1.0 - lr_s}
     keep_all = torch.ones_like(lr_s)
-    rows = mask.sum(-1) > 0  # (B,)
+    has_tokens = bool(mask.sum() > 0)
     metrics: dict[str, float] = {}
     for opt in options:
         level, kind = opt.name.rsplit("_", 1)  # "token" | "seq_sum" | "seq_mean" | "seq_max", "k1" | "k2" | "k3"
@@ -166,19 +170,27 @@ def rejection_mask(lr: torch.Tensor, mask: torch.Tensor,
             keep = (stat >= math.log(opt.lower)) & (stat <= math.log(opt.upper))
         else:
             keep = stat <= opt.upper
-        keep_f = keep.to(lr_s.dtype)
-        keep_all = keep_all * keep_f
-        seq_kept = (keep | ~mask.bool()).all(-1)  # (B,)
-        p = f"rollout_rs_{opt.name}"
-        metrics[f"{p}_mean"] = float(vmean(stat, mask))
-        vals = stat[:, 0][rows] if level != "token" else stat[mask.bool()]
-        metrics[f"{p}_max"], metrics[f"{p}_min"] = float(vals.max()), float(vals.min())
-        metrics[f"{p}_masked_fraction"] = float(vmean(1.0 - keep_f, mask))
-        metrics[f"{p}_seq_masked_fraction"] = float((~seq_kept[rows]).to(lr_s.dtype).mean())
-    metrics["rollout_rs_masked_fraction"] = float(vmean(1.0 - keep_all, mask))
-    hit = ((keep_all <= 0.5) & mask.bool()).any(-1)  # (B,) rows with a rejected token
-    metrics["rollout_rs_seq_masked_fraction"] = float(hit.to(lr_s.dtype).mean())  # over every row, as verl
+        keep_all = keep_all * keep.to(lr_s.dtype)
+        if has_tokens:
+            metrics.update(_rs_option_metrics(f"rollout_rs_{opt.name}", stat, keep, mask, level == "token"))
+    if has_tokens:
+        metrics["rollout_rs_masked_fraction"] = float(vmean(1.0 - keep_all, mask))
+        hit = ((keep_all <= 0.5) & mask.bool()).any(-1)  # (B,) rows with a rejected token
+        metrics["rollout_rs_seq_masked_fraction"] = float(hit.to(lr_s.dtype).mean())  # over every row, as verl
     return keep_all, metrics
+
+
+def _rs_option_metrics(p: str, stat: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor,
+                       per_token: bool) -> dict[str, float]:
+    """One option's ``{p}_mean / _max / _min / _masked_fraction / _seq_masked_fraction`` over a mask with at least
+    one token: the statistic (B, T) over the tokens (``per_token``) or over the rows with tokens (its column 0)."""
+    rows = mask.sum(-1) > 0  # (B,)
+    keep_f = keep.to(stat.dtype)
+    seq_kept = (keep | ~mask.bool()).all(-1)  # (B,)
+    vals = stat[mask.bool()] if per_token else stat[:, 0][rows]
+    return {f"{p}_mean": float(vmean(stat, mask)), f"{p}_max": float(vals.max()), f"{p}_min": float(vals.min()),
+            f"{p}_masked_fraction": float(vmean(1.0 - keep_f, mask)),
+            f"{p}_seq_masked_fraction": float((~seq_kept[rows]).to(stat.dtype).mean())}
 
 
 def offpolicy_metrics(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -97,13 +97,13 @@ def bypass_mode_loss(
     corr: dict[str, float] = {}
     keep = torch.ones_like(lr)
     if options:
-        keep, rs_metrics = bc.rejection_mask(lr, mask, options)
-        corr.update(rs_metrics if has_tokens else {})
+        keep, rs_metrics = bc.rejection_mask(lr, mask, options)  # no metrics without tokens
+        corr.update(rs_metrics)
     w = torch.ones_like(lr)
     if rollout_is != "none":
         w, is_metrics = bc.is_weights(lr, mask, level=rollout_is, upper=float(rollout_is_threshold),
                                       lower=rollout_is_low, batch_normalize=rollout_is_batch_normalize)
-        corr.update(is_metrics if has_tokens else {})
+        corr.update(is_metrics)  # no metrics without tokens
     if has_tokens:
         corr.update(bc.offpolicy_metrics(logprobs, old_logprobs, mask))
     kept = mask * keep  # (B, T) verl's effective response mask

@@ -25,6 +25,7 @@ from credo.rollout import HFRolloutEngine
 from credo.methods.birm.train import label_steps, train_birm
 from credo.methods.birm.search import beam_search, best_of_n
 from credo.tracking.progress import StepProgress
+from credo.tracking.atomic import atomic_write_text
 from credo.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def birm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool =
     model.save(run_dir / "birm")
     tokenizer.save_pretrained(run_dir / "birm")
     summary |= {f"final/{k}": v for k, v in final.items()} | {"eval_prompts": len(held_out), "best_of": b.best_of}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return run_dir
 
 

@@ -29,6 +29,7 @@ from credo.models import ValueModel, load_or_build
 from credo.recipes.common import metrics_logger, prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
+from credo.tracking.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def idrm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool =
     summary |= {"train_pairs": len(train), "flipped_pairs": sum(p.flipped for p in train),
                 "eval_pairs": len(held_out), "data/bad_rows": len(bad), "student_layers":
                 len(decoder_layers(student.backbone))}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return run_dir
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from credo.cli.common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
 from credo.config.preflight import check_device, preflight
+from credo.http_server import add_limit_args, limits_from_args
 
 
 def add_commands(sub) -> None:
@@ -32,6 +33,7 @@ def add_commands(sub) -> None:
                    "of the prompt (default: the model's context)")
     q.add_argument("--batch-size", type=int, default=16, help="sequences per forward; other requests are served "
                    "between forwards")
+    add_limit_args(q, max_request_mb=None)  # connections, heads, body time (credo.http_server); the cap is above
     q.set_defaults(func=cmd_rm_serve)
 
 
@@ -42,12 +44,14 @@ def cmd_rm_serve(args: argparse.Namespace) -> int:
     try:
         limits = ServeLimits(max_request_bytes=args.max_request_bytes, max_pairs=args.max_pairs,
                              max_tokens=args.max_tokens, batch_size=args.batch_size)
+        server_limits = limits_from_args(args, max_body_bytes=limits.max_request_bytes)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith("rm serve:") else f"rm serve: {msg}") from None
     check_device("--device", args.device)
     print(f"reward model {args.path} on http://{args.host}:{args.port} (POST /score)", flush=True)
     serve(args.path, host=args.host, port=args.port, pooling=args.pooling, device=args.device, limits=limits,
-          token=args.token)
+          token=args.token, server_limits=server_limits)
     return 0
 
 

@@ -24,6 +24,7 @@ from credo.models.implicit import ImplicitRewardModel
 from credo.recipes.common import metrics_logger, prepare_run_dir, seed_everything, warm_start, warm_start_enabled
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
+from credo.tracking.atomic import atomic_write_text
 from credo.methods.reward_models.train import pairwise_accuracy, train_bt, train_crm
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = F
     tokenizer.save_pretrained(run_dir / "reward_model")
     summary |= {"train_pairs": len(train), "flipped_pairs": sum(p.flipped for p in train),
                 "eval_pairs": len(held_out), "data/bad_rows": len(bad)}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return run_dir
 
 
