@@ -7,7 +7,7 @@
   (``CREDO_SANDBOX_TOKEN`` / ``CREDO_ENV_TOKEN`` / ``CREDO_RM_TOKEN``, see :func:`resolve_token`).
 * A warning on standard error when a server binds a non-loopback address without a token.
 
-Clients (:mod:`credo.envs.client`, the sandbox client, :func:`credo.rewards.reward_model.score_http`) send the
+Clients (:mod:`credo.envs.client`, :func:`credo.rewards.reward_model.score_http`) send the
 token with :func:`auth_headers`.
 """
 from __future__ import annotations
@@ -65,6 +65,6 @@ def install_bearer_auth(app: Any, token: str | None) -> None:
     async def _require_token(request, call_next):
         got = request.headers.get("authorization", "").encode()
         if not hmac.compare_digest(got, expected):
-            return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+            return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,  # and hang up:
+                                headers={"WWW-Authenticate": "Bearer", "Connection": "close"})  # body unread
         return await call_next(request)

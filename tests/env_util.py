@@ -22,6 +22,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def read_request(conn) -> tuple[bytes, bytes] | None:
+    """(head, body) of one HTTP request read from the raw socket ``conn`` (the body by its Content-Length), or None
+    when the client hung up before its head was complete: the raw test servers' reader."""
+    import re
+
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    m = re.search(rb"content-length:\s*(\d+)", head, re.I)
+    while m and len(body) < int(m.group(1)):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
+
+
 def post_json(url: str, body=None, headers: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
     """(status, decoded JSON answer) of a POST of ``body`` (JSON-encoded unless bytes) to ``url``; a GET when
     ``body`` is None. HTTP errors are answers too."""

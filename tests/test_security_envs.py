@@ -4,7 +4,6 @@ out of the update and stop the run past a share (item 7), the env server's input
 from __future__ import annotations
 
 import json
-import re
 import socket
 import struct
 import subprocess
@@ -25,7 +24,7 @@ from credo.rollout.agent_loop import AgentLoop, plain_template, to_trajectory
 from credo.tracking.metrics import read_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 from tests.conftest import TINY_RUN
-from tests.env_util import REPO, JSONHandler, free_port
+from tests.env_util import REPO, JSONHandler, free_port, read_request
 
 # ============================================================================ item 6: broken servers
 
@@ -73,16 +72,10 @@ class RawServer:
                     pass
 
     def _handle(self, conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        m = re.search(rb"content-length:\s*(\d+)", head, re.I)
-        while m and len(body) < int(m.group(1)):
-            body += conn.recv(65536)
+        got = read_request(conn)
+        if got is None:
+            return
+        head, body = got
         path = head.split(b" ")[1]
         if path == b"/create":
             conn.sendall(_reply(b'{"id": 0}'))
@@ -304,9 +297,10 @@ def test_cli_run_stops_when_most_episodes_fail_in_the_environment(tmp_path: Path
     with failing_calc("all") as (url, _):
         code = main(["-q", "train", *AGENT_RUN, f"output_dir={tmp_path}", "run_name=down",
                      f"agent.server_urls={{calc: '{url}'}}"])
-    assert code == 2
+    assert code == 3  # issue 33 item 9: an environment outage, not a configuration error (which exits 2)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("credo:")]
     assert len(lines) == 1, lines
+    assert lines[0].startswith("credo: environment failure: RL step 1: ")
     assert "16 of 16 episodes failed in the environment" in lines[0]
     assert "rollout.collector.max_env_failure_share=0.5" in lines[0] and "HTTP 500" in lines[0]
     assert not (tmp_path / "down" / "metrics.jsonl").is_file() or all(

@@ -3,23 +3,20 @@
 A client owns action parsing (the environment receives ``kind:argument`` actions) and normalises the
 field names of AgentGym-style servers. Any failure of the environment itself (server error, timeout,
 refused or reset connection, truncated body, garbage status line, malformed, oversized or too deeply nested
-answer, non-finite reward) raises :class:`EnvError`; the agent loop ends that trajectory as a recorded env
-failure, which the trainer leaves out of the update (``credo.collect.agent.drop_env_failures``), and the run
-goes on.
+answer, non-finite reward, a call not complete within ``timeout_s``) raises :class:`EnvError`; the agent loop
+ends that trajectory as a recorded env failure, which the trainer leaves out of the update
+(``credo.collect.agent.drop_env_failures``), and the run goes on.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import math
-import socket
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Protocol
 
 from credo.envs.base import ActionParser, StepResult, get_env_spec, make_env
 from credo.http_auth import auth_headers
+from credo.http_client import DeadlineExceeded, HTTPStatusError, ReplyTooLarge, request
 
 MAX_REPLY_BYTES = 8 << 20  # a longer answer is an env failure (8 MiB: observations are short texts)
 
@@ -83,7 +80,9 @@ class HTTPEnvClient:
     ``instruction`` for a foreign server. Idempotent calls (create, reset, observation, close) are retried
     ``retries`` times; ``step`` is retried only when the request never reached the server (connection
     refused), so an action is never applied twice. ``token`` is sent as ``Authorization: Bearer`` (the server's
-    ``--token`` / ``CREDO_ENV_TOKEN``).
+    ``--token`` / ``CREDO_ENV_TOKEN``). Each HTTP call must complete, connect to the answer's last byte, within
+    ``timeout_s`` (``rollout.collector.timeout_s``) and answer at most ``max_reply_bytes``
+    (:mod:`credo.http_client`).
     """
 
     def __init__(self, base_url: str, env_name: str | None = None, *, timeout_s: float = 30.0, retries: int = 2,
@@ -166,26 +165,23 @@ class HTTPEnvClient:
 
     def _request(self, method: str, path: str, payload: dict | None) -> Any:
         """One HTTP exchange, decoded; every transport or decoding failure raises EnvError (_Refused when the
-        request never reached the server)."""
+        request never reached the server, _Rejected for a 4xx other than 408 / 429)."""
         data = json.dumps(payload).encode() if payload is not None and method == "POST" else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **auth_headers(self.token)})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                raw = resp.read(self.max_reply_bytes + 1)
-        except urllib.error.HTTPError as exc:
-            cls = _Rejected if 400 <= exc.code < 500 and exc.code not in (408, 429) else EnvError
-            raise cls(f"HTTP {exc.code}: {_error_body(exc)!r}") from None
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, ConnectionRefusedError):
-                raise _Refused(f"connection refused ({self.base_url})") from None
-            raise EnvError(_one_line(str(exc.reason))) from None
-        except (socket.timeout, TimeoutError):
-            raise EnvError(f"timed out after {self.timeout_s:g} s") from None
-        except (http.client.HTTPException, OSError, ValueError) as exc:  # IncompleteRead, BadStatusLine, resets
+            raw = request(self.base_url + path, method=method, body=data, deadline_s=self.timeout_s,
+                          headers={"Content-Type": "application/json", **auth_headers(self.token)},
+                          max_reply_bytes=self.max_reply_bytes).body
+        except HTTPStatusError as exc:
+            cls = _Rejected if 400 <= exc.status < 500 and exc.status not in (408, 429) else EnvError
+            raise cls(f"HTTP {exc.status}: {exc.body[:200]!r}") from None
+        except ConnectionRefusedError:
+            raise _Refused(f"connection refused ({self.base_url})") from None
+        except DeadlineExceeded:
+            raise EnvError(f"timed out after {self.timeout_s:g} s (whole-call deadline)") from None
+        except ReplyTooLarge:
+            raise EnvError(f"answer longer than {self.max_reply_bytes} bytes") from None
+        except (OSError, ValueError) as exc:  # resets, truncated bodies, garbage status lines (BadReply)
             raise EnvError(f"{type(exc).__name__}: {_one_line(str(exc))}") from None
-        if len(raw) > self.max_reply_bytes:
-            raise EnvError(f"answer longer than {self.max_reply_bytes} bytes")
         return _decode(raw)
 
 
@@ -195,14 +191,6 @@ def _decode(raw: bytes) -> Any:
         return json.loads(raw) if raw.strip() else None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise EnvError(f"malformed JSON ({type(exc).__name__}): {raw[:200]!r}") from None
-
-
-def _error_body(exc: urllib.error.HTTPError) -> bytes:
-    """The first 200 bytes of an error reply's body (b'' when reading it fails too)."""
-    try:
-        return exc.read(200)
-    except (http.client.HTTPException, OSError, ValueError):
-        return b""
 
 
 def _one_line(text: str) -> str:

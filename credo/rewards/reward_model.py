@@ -11,8 +11,11 @@ score (0 = the model prefers the response to a neutral one); accuracy metrics of
 verifier instead (:mod:`credo.rewards.mixed`).
 
 An unreachable endpoint, a timeout or a malformed reply fails the batch's results (``failed=True``, the runner's
-failure score), never the run; a score that is NaN, +-inf or not a number (``null`` in a reply) fails its own result
-(``error="non-finite score: ..."``, counted as ``reward/nonfinite``).
+failure score), never the run; so does a reply longer than ``max_reply_bytes`` (default 16 MiB: a score is ~25
+bytes of JSON, so ~670,000 scores per batch) or one not complete within ``timeout_s`` of its attempt (a whole-call
+deadline, connect to last byte: :mod:`credo.http_client`; with ``retries`` the batch waits at most
+``(retries + 1) * timeout_s`` plus the back-off). A score that is NaN, +-inf or not a number (``null`` in a reply)
+fails its own result (``error="non-finite score: ..."``, counted as ``reward/nonfinite``).
 The service (:func:`create_app`, ``credo rm serve PATH``)::
 
     POST /score {"prompts": [...], "responses": [...]} -> {"scores": [...]}
@@ -23,40 +26,49 @@ sends ``reward.kwargs.token`` or ``CREDO_RM_TOKEN``.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
 from credo.http_auth import auth_headers, resolve_token
+from credo.http_client import BadReply, HTTPCallError, HTTPStatusError, ReplyTooLarge, request_json
 from credo.rewards.registry import register_reward
 from credo.rewards.runner import NONFINITE
 from credo.rewards.rm_scoring import LocalRewardModel, local_model  # noqa: F401  (re-exported)
 from credo.types import Example, RewardResult
 
+MAX_REPLY_BYTES = 16 << 20  # a longer /score reply fails the batch (module docstring)
+
+
 def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, timeout_s: float = 30.0,
-               retries: int = 2, token: str | None = None) -> list[float]:
-    """Scores from a ``credo rm serve`` endpoint (``POST url/score``); retried on connection errors. ``token``
-    (default ``CREDO_RM_TOKEN``) is sent as a bearer token."""
-    body = json.dumps({"prompts": list(prompts), "responses": list(responses)}).encode()
-    headers = {"Content-Type": "application/json", **auth_headers(resolve_token("rm", token))}
-    req = urllib.request.Request(url.rstrip("/") + "/score", data=body, headers=headers)
+               retries: int = 2, token: str | None = None, max_reply_bytes: int | None = None) -> list[float]:
+    """Scores from a ``credo rm serve`` endpoint (``POST url/score``). Each attempt must complete (connect to the
+    reply's last byte) within ``timeout_s`` and reply at most ``max_reply_bytes`` (None: :data:`MAX_REPLY_BYTES`,
+    read at the call); an attempt that could not reach the server, timed out or got a 5xx is retried ``retries``
+    times, an oversized or malformed reply is not. An HTTP error status raises ``urllib.error.HTTPError``, an
+    unreachable server ``urllib.error.URLError``, every other failure an OSError (:mod:`credo.http_client`).
+    ``token`` (default ``CREDO_RM_TOKEN``) is sent as a bearer token."""
+    payload = {"prompts": list(prompts), "responses": list(responses)}
+    headers = auth_headers(resolve_token("rm", token))
+    cap = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
     for attempt in range(retries + 1):
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                scores = json.loads(resp.read())["scores"]
+            scores = request_json(url.rstrip("/") + "/score", payload, headers=headers, deadline_s=timeout_s,
+                                  max_reply_bytes=cap)["scores"]
             break
-        except urllib.error.HTTPError as exc:  # the server answered: a 4xx will not change on retry
-            if exc.code < 500 or attempt == retries:
-                raise
-            time.sleep(0.2 * 2 ** attempt)
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        except HTTPStatusError as exc:  # the server answered: a 4xx will not change on retry
+            if exc.status < 500 or attempt == retries:
+                raise urllib.error.HTTPError(exc.url, exc.status, exc.reason, None, io.BytesIO(exc.body)) from None
+        except (ReplyTooLarge, BadReply):  # the server's reply itself is wrong: the same request gets it again
+            raise
+        except OSError as exc:  # unreachable (reported as urllib reports it), reset, past the deadline
             if attempt == retries:
-                raise
-            time.sleep(0.2 * 2 ** attempt)
+                raise exc if isinstance(exc, HTTPCallError) else urllib.error.URLError(exc) from None
+        time.sleep(0.2 * 2 ** attempt)
     if not isinstance(scores, list) or len(scores) != len(prompts):
         raise ValueError(f"reward model endpoint returned {type(scores).__name__} of the wrong length")
     return [_number(s) for s in scores]
@@ -94,7 +106,8 @@ def _rm_result(s: float, transform: str, threshold: float, seconds: float) -> Re
 def reward_model(responses: Sequence[str], examples: Sequence[Example], *, path: str | None = None,
                  url: str | None = None, pooling: str = "last", batch_size: int = 64, device: str = "cpu",
                  transform: str = "raw", threshold: float = 0.0, timeout_s: float = 30.0,
-                 retries: int = 2, token: str | None = None) -> list[RewardResult]:
+                 retries: int = 2, token: str | None = None,
+                 max_reply_bytes: int | None = None) -> list[RewardResult]:
     """Scores of a trained reward model (module docstring); exactly one of ``path`` and ``url``."""
     if (path is None) == (url is None):
         raise ValueError("reward_model: give exactly one of path= (a saved reward model) or url= (credo rm serve)")
@@ -103,7 +116,8 @@ def reward_model(responses: Sequence[str], examples: Sequence[Example], *, path:
     prompts = [ex.prompt for ex in examples]
     start = time.perf_counter()
     try:
-        raw = score_http(url, prompts, responses, timeout_s=timeout_s, retries=retries, token=token) if url else \
+        raw = score_http(url, prompts, responses, timeout_s=timeout_s, retries=retries, token=token,
+                         max_reply_bytes=max_reply_bytes) if url else \
             local_model(path, device, pooling, batch_size).score(prompts, responses)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]

@@ -11,16 +11,16 @@ This module does not import vLLM (a trainer that talks to a server on another ma
 from __future__ import annotations
 
 import base64
-import json
-import urllib.error
-import urllib.request
 from typing import Any, Iterator
 
 import torch
 from safetensors.torch import save as save_safetensors
 
+from credo.http_client import HTTPStatusError, request_json
+
 BACKEND = "credo_safetensors"
 CHUNK_BYTES = 64 << 20
+CONTROL_REPLY_BYTES = 1 << 20  # vLLM's RL routes answer a few bytes of status JSON
 
 
 def register() -> None:
@@ -77,21 +77,24 @@ def sync_in_process(llm: Any, state: dict[str, torch.Tensor], *, version: int, c
 
 class HTTPWeightSync:
     """The same protocol against a vLLM OpenAI-compatible server started with ``VLLM_SERVER_DEV_MODE=1`` (which
-    mounts vLLM's RL routes) and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``."""
+    mounts vLLM's RL routes) and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``. Each request must
+    complete, connect to the reply's last byte, within ``timeout_s`` and reply at most ``max_reply_bytes``."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 300.0, max_reply_bytes: int = CONTROL_REPLY_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
+        self.timeout_s, self.max_reply_bytes = timeout_s, max_reply_bytes
 
     def post(self, route: str, body: dict | None = None) -> dict:
-        req = urllib.request.Request(f"{self.base_url}/{route}", data=json.dumps(body or {}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        """The decoded JSON reply (``{}`` for an empty one) of ``POST base_url/route``; an HTTP error status is a
+        one-line RuntimeError, an unreachable server an OSError, a reply past the deadline or the cap an OSError
+        naming the URL and the limit (:mod:`credo.http_client`)."""
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:500].decode(errors="replace")
-            raise RuntimeError(f"vLLM server {route}: HTTP {exc.code}: {detail}") from None
+            reply = request_json(f"{self.base_url}/{route}", body or {}, deadline_s=self.timeout_s,
+                                 max_reply_bytes=self.max_reply_bytes)
+        except HTTPStatusError as exc:
+            detail = " ".join(exc.body[:500].decode(errors="replace").split())
+            raise RuntimeError(f"vLLM server {route}: HTTP {exc.status}: {detail}") from None
+        return {} if reply is None else reply
 
     def init(self) -> None:
         self.post("init_weight_transfer_engine", {"init_info": {}})

@@ -24,8 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,8 +32,10 @@ from typing import Any
 
 import torch
 
+from credo.http_client import request as http_request
+from credo.http_client import request_json
 from credo.procs import reap_when_gone
-from credo.rollout.vllm_sync import BACKEND, HTTPWeightSync, sync_in_process
+from credo.rollout.vllm_sync import BACKEND, CONTROL_REPLY_BYTES, HTTPWeightSync, sync_in_process
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ class VLLMOptions:
 
 
 CPU_KV_CACHE_MB = 512
+# the largest /v1/completions reply read (one row; longer fails that request): a row's log-probs cost ~30 bytes per
+# token and top-k entry, prompt_logprobs ~100-200 bytes per prompt token, so 32,768 tokens x 20 top log-probs x 30
+# bytes = 19.7 MB and 131,072 prompt tokens x 200 bytes = 26 MB both fit ~10 times over
+COMPLETION_REPLY_BYTES = 256 << 20
+HEALTH_DEADLINE_S = 5.0  # one /health probe while a started server comes up
 
 
 @dataclass
@@ -140,13 +145,18 @@ def prompt_token_logprobs(ids: list[int], entries: Any) -> list[float]:
 class VLLMScorer:
     """Prompt scoring against any vLLM OpenAI-compatible server (no RL routes needed): the server mode's
     :meth:`ServerVLLM.score` and the distillation teacher's (``distill.teacher.url``). Requests run
-    ``concurrency`` at a time."""
+    ``concurrency`` at a time; each must complete, connect to the reply's last byte, within ``timeout_s`` and reply
+    at most ``max_reply_bytes`` (None: :data:`COMPLETION_REPLY_BYTES`, read when the scorer is built; ``/v1/models``:
+    :data:`~credo.rollout.vllm_sync.CONTROL_REPLY_BYTES`); past
+    either it fails with a one-line OSError naming the URL and the limit (:mod:`credo.http_client`)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 600.0, concurrency: int = 16) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 600.0, concurrency: int = 16,
+                 max_reply_bytes: int | None = None) -> None:
         self.url = url.rstrip("/")
-        self.http = HTTPWeightSync(self.url, timeout_s=timeout_s)  # its post(): JSON in, JSON out, clear errors
-        with urllib.request.urlopen(f"{self.url}/v1/models", timeout=timeout_s) as resp:
-            self.model_name = json.loads(resp.read())["data"][0]["id"]
+        cap = COMPLETION_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
+        self.http = HTTPWeightSync(self.url, timeout_s=timeout_s, max_reply_bytes=cap)  # post(): JSON in and out
+        models = request_json(f"{self.url}/v1/models", deadline_s=timeout_s, max_reply_bytes=CONTROL_REPLY_BYTES)
+        self.model_name = models["data"][0]["id"]
         self.pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="credo-vllm-score")
 
     def _score_one(self, ids: list[int]) -> list[float]:
@@ -285,7 +295,11 @@ class ServerVLLM:
     watcher). A server given by URL must run with ``VLLM_SERVER_DEV_MODE=1``,
     ``--logprobs-mode processed_logprobs`` and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``
     in an environment where credo is installed (docs/vllm.md); with ``--enable-prompt-tokens-details`` its replies
-    also count each row's prefix-cache hits (:func:`cached_tokens`; None without it)."""
+    also count each row's prefix-cache hits (:func:`cached_tokens`; None without it). Every request must complete,
+    connect to the reply's last byte, within ``request_timeout_s`` and reply at most
+    :data:`COMPLETION_REPLY_BYTES` (``/v1/completions`` and the RL routes) or
+    :data:`~credo.rollout.vllm_sync.CONTROL_REPLY_BYTES` (``GET`` routes, ``/health``); past either it fails with a
+    one-line OSError naming the URL and the limit (:mod:`credo.http_client`)."""
 
     def __init__(self, *, url: str | None, model_path: str | Path | None, seed: int, opts: VLLMOptions,
                  log_dir: str | Path | None = None) -> None:
@@ -298,7 +312,9 @@ class ServerVLLM:
             url = self._start(model_path, seed=seed, log_dir=log_dir)
         self.url = url.rstrip("/")
         self.model_name = self._get("v1/models")["data"][0]["id"]
-        self.weights = HTTPWeightSync(self.url, timeout_s=opts.request_timeout_s)
+        # the RL routes and /v1/completions (_complete_one) share it: its cap is a completion's
+        self.weights = HTTPWeightSync(self.url, timeout_s=opts.request_timeout_s,
+                                      max_reply_bytes=COMPLETION_REPLY_BYTES)
         self.weights.init()
         self.pool = ThreadPoolExecutor(max_workers=max(opts.server_concurrency, 1), thread_name_prefix="credo-vllm")
 
@@ -324,10 +340,10 @@ class ServerVLLM:
                 raise RuntimeError(f"the vLLM server exited with status {self.proc.returncode} while starting; "
                                    f"its log ({self.log_path}) ends:\n{self._log_tail()}")
             try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return url
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                reply = http_request(f"{url}/health", deadline_s=HEALTH_DEADLINE_S, max_reply_bytes=CONTROL_REPLY_BYTES)
+                if reply.status == 200:
+                    return url
+            except OSError:  # not up yet: refused, an error status, no complete answer in time
                 pass
             time.sleep(0.5)
         self._stop()
@@ -341,8 +357,11 @@ class ServerVLLM:
             return "(no log)"
 
     def _get(self, route: str) -> Any:
-        with urllib.request.urlopen(f"{self.url}/{route}", timeout=self.opts.request_timeout_s) as resp:
-            return json.loads(resp.read())
+        """The decoded JSON reply of ``GET url/route`` (``v1/models``, ``weight_info``), complete within
+        ``request_timeout_s`` and at most :data:`~credo.rollout.vllm_sync.CONTROL_REPLY_BYTES` long (an OSError
+        naming the URL and the limit otherwise)."""
+        return request_json(f"{self.url}/{route}", deadline_s=self.opts.request_timeout_s,
+                            max_reply_bytes=CONTROL_REPLY_BYTES)
 
     def _complete_one(self, prompt: list[int], request: dict[str, Any]) -> Sample:
         body = {"model": self.model_name, "prompt": list(prompt), "return_token_ids": True,

@@ -15,6 +15,8 @@ class TeacherConfig:
     url: str | None = opt(None, "a vLLM OpenAI-compatible server's base URL scoring the student's tokens with "
                           "prompt_logprobs (temperature 1; its tokenizer must decode the student's ids as the "
                           "student's does)")
+    timeout_s: float = opt(600.0, "distill.teacher.url: whole-call deadline of each scoring request (connect to "
+                           "the reply's last byte; its reply is capped at 256 MiB)", min=0.001)
 
 
 @dataclass

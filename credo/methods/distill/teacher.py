@@ -37,7 +37,7 @@ def load_teacher(cfg: RunConfig, student_tokenizer) -> torch.nn.Module | None:
             raise ConfigError(f"distill.teacher.url scores at temperature 1 (vLLM's prompt log-probs are the raw "
                               f"log-softmax) but rollout.temperature={cfg.rollout.temperature:g}; sample at 1 or "
                               "use distill.teacher.path")
-        return ServerTeacher(d.teacher.url, student_tokenizer)
+        return ServerTeacher(d.teacher.url, student_tokenizer, timeout_s=d.teacher.timeout_s)
     with torch.random.fork_rng(devices=[]):  # loading leaves the run's random stream as it was (same seed, same run)
         teacher, tokenizer = load_model(d.teacher.path, dataclasses.replace(cfg.model, path=d.teacher.path))
     check_same_vocab(student_tokenizer, tokenizer, f"distill.teacher.path={d.teacher.path}")
