@@ -357,6 +357,23 @@ def test_reward_model_verifier_fails_the_batch(hostile, small_caps, behaviour):
     assert all(r.failed and r.score == 0.0 and _why(behaviour) in r.error for r in out), out[0].error
 
 
+@pytest.mark.parametrize("body", [b"[0.5, -0.5]", b'"scores"', b"null", b'{"scores": {"a": 1}}', b"{}"])
+def test_reward_model_reply_of_another_shape_fails_the_batch(hostile, body):
+    """JSON that is not {"scores": [...]} (a bare list crashed the run with a TypeError before): failed results."""
+    srv = hostile(_json(body))
+    out = reward_model(["a", "b"], EXAMPLES, url=srv.url, retries=0, timeout_s=DEADLINE)
+    assert all(r.failed and "where 2 scores were expected" in r.error for r in out), out[0].error
+
+
+@pytest.mark.parametrize("body", [b"[]", b"", b'{"data": []}', b'{"object": "list"}'])
+def test_a_model_list_of_another_shape_is_a_one_line_error(hostile, body):
+    srv = hostile(_json(body))
+    with pytest.raises(OSError, match=r"v1/models: not an OpenAI-compatible model list"):
+        VLLMScorer(srv.url, timeout_s=DEADLINE)
+    with pytest.raises(ConfigError, match="distill.teacher.url"):  # the teacher: a config error at start-up
+        ServerTeacher(srv.url, None, timeout_s=DEADLINE)
+
+
 def test_reward_model_verifier_takes_its_cap_from_its_kwargs(hostile):
     srv = hostile(_json(b'{"scores": [0.5, -0.5]}'))  # 1 + 8 + 2 + 1 + 3 + 2 + 4 + 1 + 1 = 23 bytes
     assert [r.score for r in reward_model(["a", "b"], EXAMPLES, url=srv.url, max_reply_bytes=23)] == [0.5, -0.5]

@@ -64,7 +64,8 @@ class AgentCollectorConfig:
     kv_reuse: bool = opt(True, "keep each episode's KV cache across turns, so a turn prefills only its new tokens "
                          "(HF engine, Llama-family models; vLLM reuses through its prefix cache); false re-prefills "
                          "the history every turn")
-    timeout_s: float = opt(30.0, "per-call timeout of HTTP environments", min=0.01)
+    timeout_s: float = opt(30.0, "whole-call deadline of each HTTP environment request (connect to the reply's "
+                           "last byte; a reply is capped at 8 MiB)", min=0.01)
     retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0)
     max_env_failure_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes "
                                        "failed in the environment (server error, timeout, bad answer); such episodes "

@@ -114,7 +114,8 @@ class VLLMConfig:
                                "already computed reads their keys / values instead of prefilling them (agent turns "
                                "re-send their history; reset at every weight sync); metric agent/kv_reused_frac")
     startup_timeout_s: float = opt(600.0, "mode=server: how long credo waits for a server it started", min=1.0)
-    request_timeout_s: float = opt(600.0, "mode=server: per-request time limit", min=1.0)
+    request_timeout_s: float = opt(600.0, "mode=server: whole-call deadline of each request (connect to the reply's "
+                                   "last byte; replies capped at 256 MiB)", min=1.0)
     server_concurrency: int = opt(64, "mode=server: requests in flight at once (the server batches them)", min=1)
     args: dict = opt(None, "extra vllm.LLM keyword arguments (mode=server: server flags, key -> --key)",
                      factory=dict)

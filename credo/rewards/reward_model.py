@@ -57,8 +57,8 @@ def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, ti
     cap = MAX_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
     for attempt in range(retries + 1):
         try:
-            scores = request_json(url.rstrip("/") + "/score", payload, headers=headers, deadline_s=timeout_s,
-                                  max_reply_bytes=cap)["scores"]
+            reply = request_json(url.rstrip("/") + "/score", payload, headers=headers, deadline_s=timeout_s,
+                                 max_reply_bytes=cap)
             break
         except HTTPStatusError as exc:  # the server answered: a 4xx will not change on retry
             if exc.status < 500 or attempt == retries:
@@ -69,8 +69,10 @@ def score_http(url: str, prompts: Sequence[str], responses: Sequence[str], *, ti
             if attempt == retries:
                 raise exc if isinstance(exc, HTTPCallError) else urllib.error.URLError(exc) from None
         time.sleep(0.2 * 2 ** attempt)
+    scores = reply.get("scores") if isinstance(reply, dict) else None  # any other JSON: a failed batch, no crash
     if not isinstance(scores, list) or len(scores) != len(prompts):
-        raise ValueError(f"reward model endpoint returned {type(scores).__name__} of the wrong length")
+        raise ValueError(f"reward model endpoint returned {type(scores).__name__ if scores is not None else 'no scores'}"
+                         f" where {len(prompts)} scores were expected")
     return [_number(s) for s in scores]
 
 

@@ -142,6 +142,15 @@ def prompt_token_logprobs(ids: list[int], entries: Any) -> list[float]:
     return out
 
 
+def served_model(models: Any, url: str) -> str:
+    """The first model id of a ``GET /v1/models`` reply; a reply of another shape is a one-line OSError (a server
+    that is no OpenAI-compatible one fails like an unreachable one)."""
+    try:
+        return str(models["data"][0]["id"])
+    except (TypeError, KeyError, IndexError):
+        raise OSError(f"GET {url}/v1/models: not an OpenAI-compatible model list: {str(models)[:200]!r}") from None
+
+
 class VLLMScorer:
     """Prompt scoring against any vLLM OpenAI-compatible server (no RL routes needed): the server mode's
     :meth:`ServerVLLM.score` and the distillation teacher's (``distill.teacher.url``). Requests run
@@ -155,8 +164,8 @@ class VLLMScorer:
         self.url = url.rstrip("/")
         cap = COMPLETION_REPLY_BYTES if max_reply_bytes is None else max_reply_bytes
         self.http = HTTPWeightSync(self.url, timeout_s=timeout_s, max_reply_bytes=cap)  # post(): JSON in and out
-        models = request_json(f"{self.url}/v1/models", deadline_s=timeout_s, max_reply_bytes=CONTROL_REPLY_BYTES)
-        self.model_name = models["data"][0]["id"]
+        self.model_name = served_model(request_json(f"{self.url}/v1/models", deadline_s=timeout_s,
+                                                    max_reply_bytes=CONTROL_REPLY_BYTES), self.url)
         self.pool = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="credo-vllm-score")
 
     def _score_one(self, ids: list[int]) -> list[float]:
@@ -311,7 +320,7 @@ class ServerVLLM:
         if url is None:
             url = self._start(model_path, seed=seed, log_dir=log_dir)
         self.url = url.rstrip("/")
-        self.model_name = self._get("v1/models")["data"][0]["id"]
+        self.model_name = served_model(self._get("v1/models"), self.url)
         # the RL routes and /v1/completions (_complete_one) share it: its cap is a completion's
         self.weights = HTTPWeightSync(self.url, timeout_s=opts.request_timeout_s,
                                       max_reply_bytes=COMPLETION_REPLY_BYTES)
