@@ -19,7 +19,7 @@ the server cannot be reached (``ConnectionRefusedError``, ``socket.gaierror``, .
 than 2xx is an :class:`HTTPStatusError` carrying the status and the body's first bytes; redirects are not followed.
 
 Proxies are used as ``urllib`` uses them (``http_proxy`` / ``https_proxy`` / ``no_proxy``; ``https`` through a
-``CONNECT`` tunnel). Not bounded by the deadline: the host-name lookup (``getaddrinfo`` takes no timeout; an IP
+``CONNECT`` tunnel), except that a loopback host is always called directly. Not bounded by the deadline: the host-name lookup (``getaddrinfo`` takes no timeout; an IP
 address needs none).
 
 This module imports nothing from credo (it sits at the bottom layer, as :mod:`credo.http_auth`).
@@ -30,6 +30,7 @@ import base64
 import functools
 import http.client
 import io
+import ipaddress
 import json
 import socket
 import ssl
@@ -246,11 +247,24 @@ def _connection(parts: urllib.parse.SplitResult, call: _Call) -> tuple[_HTTP, st
 
 
 def _proxy_for(scheme: str, host: str) -> str | None:
-    """The proxy urllib would use for ``scheme://host`` (``*_proxy`` and ``no_proxy``), or None."""
+    """The proxy urllib would use for ``scheme://host`` (``*_proxy`` and ``no_proxy``), or None; never one for a
+    loopback host (``localhost``, 127.0.0.0/8, ``::1``): a call to this machine stays on it, whatever the proxy
+    settings say (urllib would send it to the proxy unless ``no_proxy`` names it)."""
+    if _loopback(host):
+        return None
     proxy = urllib.request.getproxies().get(scheme)
     if not proxy or urllib.request.proxy_bypass(host):
         return None
     return proxy
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 # ------------------------------------------------------------------------------------------ the reply

@@ -304,9 +304,12 @@ def test_proxies_from_the_environment_are_used_as_urllib_uses_them(hostile, hc, 
         hc.request("https://example.invalid/p", deadline_s=DEADLINE, max_reply_bytes=CAP)
     assert proxy.requests == [b"GET http://example.invalid/p?q=1 HTTP/1.1", b"CONNECT example.invalid:443 HTTP/1.0"]
     assert b"Proxy-Authorization: Basic bWU6cHc=" in proxy.heads[1]  # base64 of "me:pw"
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    # a loopback host is never proxied (traffic for this machine stays on it), no_proxy or not
     assert hc.request(direct.url + "/d", deadline_s=DEADLINE, max_reply_bytes=CAP).body == b'"direct"'
-    assert direct.requests == [b"GET /d HTTP/1.1"] and len(proxy.requests) == 2
+    local = direct.url.replace("127.0.0.1", "localhost")
+    assert hc.request(local + "/l", deadline_s=DEADLINE, max_reply_bytes=CAP).body == b'"direct"'
+    assert direct.requests == [b"GET /d HTTP/1.1", b"GET /l HTTP/1.1"] and len(proxy.requests) == 2
+    assert hc._loopback("127.0.0.2") and hc._loopback("::1") and hc._loopback("[::1]") and not hc._loopback("10.0.0.1")
 
 
 # ============================================================================ the clients, each against every
