@@ -279,6 +279,19 @@ def test_a_chunked_body_is_counted_as_it_arrives(servers, kind):
     assert (served.peak_rss_kb() - before) / 1024 < 16
 
 
+def _trickle_until_reply(sock, piece: bytes, start: float, *, limit_s: float) -> bytes | None:
+    """Send ``piece`` every 0.2 s until the server answers (its reply, b"" when it hung up) or ``limit_s`` since
+    ``start`` passed (None)."""
+    reply = None
+    while reply is None and time.monotonic() - start < limit_s:
+        try:
+            sock.sendall(piece)
+        except OSError:
+            pass
+        reply = _wait_reply(sock, 0.2)
+    return reply
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_slow_and_oversized_heads_are_closed(servers, kind):
     """--header-timeout-s 1: a head trickled a byte every 0.2 s (which does not reset the clock) gets 408 and is
@@ -287,13 +300,7 @@ def test_slow_and_oversized_heads_are_closed(servers, kind):
     trickled, idle = _connect(served.port, "127.0.0.3"), _connect(served.port, "127.0.0.3")
     start = time.monotonic()
     trickled.sendall(PARTIAL_HEAD)
-    reply = None
-    while reply is None and time.monotonic() - start < 5:
-        try:
-            trickled.sendall(b"X")
-        except OSError:
-            pass
-        reply = _wait_reply(trickled, 0.2)
+    reply = _trickle_until_reply(trickled, b"X", start, limit_s=5)
     took = time.monotonic() - start
     assert _status(reply) == 408 and 0.8 < took < 3, (reply, took)
     assert _wait_reply(idle, 3) == b""
@@ -314,15 +321,10 @@ def test_a_trickled_body_gets_408_at_the_body_deadline(servers, kind):
     """--body-timeout-s 1: a 1000-byte body sent 10 bytes every 0.2 s is answered 408 (and closed) after ~1 s."""
     served = servers(kind, tight=True)
     sock = _connect(served.port, "127.0.0.4")
-    start, reply = time.monotonic(), None
+    start = time.monotonic()
     try:
         sock.sendall(f"POST {BODY_PATH[kind]} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n".encode())
-        while reply is None and time.monotonic() - start < 8:
-            try:
-                sock.sendall(b"0123456789")
-            except OSError:
-                pass
-            reply = _wait_reply(sock, 0.2)
+        reply = _trickle_until_reply(sock, b"0123456789", start, limit_s=8)
     finally:
         sock.close()
     took = time.monotonic() - start

@@ -192,13 +192,15 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_stale_temps(run_dir: Path) -> list[str]:
+def remove_stale_temps(run_dir: Path, *, keep_pid: int | None = None) -> list[str]:
     """Remove the partial folders (``.tmp-step_N-PID``, ``.old-step_N-PID``) killed or failed saves of this run
-    left in ``RUN_DIR/checkpoints``; returns their names. Called at resume, when no other process writes there."""
+    left in ``RUN_DIR/checkpoints``, except process ``keep_pid``'s; returns their names. Called at resume and
+    after every save (:func:`_prune`)."""
     root = Path(run_dir) / CKPT_DIR
     if not root.is_dir():
         return []
-    stale = sorted(p for p in root.iterdir() if STALE_NAME.fullmatch(p.name))
+    stale = sorted(p for p in root.iterdir() if STALE_NAME.fullmatch(p.name)
+                   and (keep_pid is None or not p.name.endswith(f"-{keep_pid}")))
     for path in stale:
         _remove(path)
     if stale:
@@ -403,9 +405,7 @@ def _prune(root: Path, keep: int) -> None:
     complete = sorted(p for p in root.glob("step_*") if (p / COMPLETE).is_file() and not p.is_symlink())
     for old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-*"):
-        if not stale.name.endswith(f"-{os.getpid()}"):
-            shutil.rmtree(stale, ignore_errors=True)
+    remove_stale_temps(root.parent, keep_pid=os.getpid())
 
 
 def _write_synced(path: Path, text: str) -> None:
