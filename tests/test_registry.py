@@ -1,0 +1,53 @@
+"""credo.registry: the one registry mechanism (lookup with suggestions, listing, lazy built-ins)."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from credo.registry import Registry, UnknownName
+
+
+def test_lookup_suggests_the_close_name_and_lists_the_rest():
+    r = Registry("widget")
+    r.add("alpha", 1)
+    r.add("beta", 2)
+    assert r.get("alpha") == 1 and "beta" in r and r.names() == ["alpha", "beta"]
+    with pytest.raises(UnknownName) as e:
+        r.get("alpah")
+    assert "did you mean 'alpha'" in str(e.value) and "registered: alpha, beta" in str(e.value)
+    assert isinstance(e.value, KeyError) and isinstance(e.value, ValueError)
+
+
+def test_a_different_entry_under_a_taken_name_is_refused_the_same_one_is_not():
+    r = Registry("widget")
+
+    @r.register("f")
+    def f():
+        pass
+
+    r.add("f", f)  # the same definition again: a no-op
+    with pytest.raises(ValueError, match="already registered"):
+        r.add("f", lambda: None)
+
+
+def test_builtins_are_imported_on_first_lookup_only(monkeypatch):
+    r = Registry("widget", builtins=("credo_test_builtin_widgets",))
+    imported = []
+    mod = types.ModuleType("credo_test_builtin_widgets")
+    monkeypatch.setitem(sys.modules, "credo_test_builtin_widgets", mod)
+    real = __import__("importlib").import_module
+
+    def spy(name, *a):
+        imported.append(name)
+        if name == "credo_test_builtin_widgets":
+            r.add("builtin", 7)
+            return mod
+        return real(name, *a)
+
+    monkeypatch.setattr("credo.registry.importlib.import_module", spy)
+    r.add("mine", 1)
+    assert r.get("mine") == 1 and imported == []  # a registered name never triggers the built-ins
+    assert r.get("builtin") == 7 and imported == ["credo_test_builtin_widgets"]
+    assert r.names() == ["builtin", "mine"] and imported == ["credo_test_builtin_widgets"]  # imported once
