@@ -17,7 +17,7 @@ from credo.envs.builtin import safe_eval
 from credo.envs.tooled import CalcToolsEnv
 from credo.guards import GuardError, Guards, GuardsConfig
 from credo.rollout.agent_loop import AgentLoop, to_trajectory
-from credo.tools.episode import ToolMode, tool_metrics
+from credo.rollout.tool_episode import ToolMode, tool_metrics
 from credo.tools.parsers import ToolCall, get_parser
 from credo.tools.render import ToolRenderer
 from credo.tools.schema import ToolSet, check_arguments, function_schema, tool_from_schema
@@ -212,7 +212,7 @@ def test_a_template_that_strips_think_from_history_is_detected_and_ids_stay_appe
     expr = LocalEnvClient("calc_tools").reset(3)
     call = "<think>add them</think>" + get_parser("hermes").format([ToolCall("calc", {"expr": expr})])
     mode, loop = _calc_loop(tok, "hermes", lambda k, _: call if k == 1 else str(safe_eval(expr)))
-    monkeypatch.setattr("credo.tools.episode._WARNED", [])
+    monkeypatch.setattr("credo.rollout.tool_episode._WARNED", [])
     with caplog.at_level(logging.WARNING):
         eps = loop.run(_examples("calc_tools", [3, 3]), [LocalEnvClient("calc_tools") for _ in range(2)], [0, 0],
                        SamplingParams())

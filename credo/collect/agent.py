@@ -29,7 +29,7 @@ from credo.collect.base import CollectorNeeds
 from credo.collect.config import AgentCollectorConfig, remote_adapter, remote_name, with_remote
 from credo.collect.horizon import horizon
 from credo.collect.group import Rollouts
-from credo.tools.episode import oracle_episode, tool_metrics
+from credo.rollout.tool_episode import oracle_episode, tool_metrics
 from credo.tracking.atomic import atomic_write_text
 from credo.train.stats import rollout_metrics
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
@@ -151,9 +151,9 @@ def run_envs(a: AgentCollectorConfig) -> list[str]:
 
 
 def tool_mode(a: AgentCollectorConfig, tokenizer):
-    """The structured-tools mode (credo.tools.episode.ToolMode) when the run's environments are tools environments
+    """The structured-tools mode (credo.rollout.tool_episode.ToolMode) when the run's environments are tools environments
     (``EnvSpec.tools``), else None; ConfigError for a mix, branching or a tools environment behind a server."""
-    from credo.tools.episode import ToolMode
+    from credo.rollout.tool_episode import ToolMode
     from credo.tools.parsers import get_parser
     from credo.tools.render import CHAR_TOOL_TEMPLATE, ToolRenderer
 
@@ -446,7 +446,7 @@ def oracle_trajectory(a: AgentCollectorConfig, tokenizer, template: AgentTemplat
     client = LocalEnvClient(env_name, **a.env_params.get(env_name, {}))
     try:
         tools = tool_mode(a, tokenizer)
-        if tools is not None:  # the structured-tools format (credo.tools.episode)
+        if tools is not None:  # the structured-tools format (credo.rollout.tool_episode)
             return oracle_episode(tools, tokenizer, client, get_env_spec(env_name).oracle, ex, eval_horizon(a))
         return _oracle_episode(a, tokenizer, template, ex, client)
     finally:

@@ -13,7 +13,7 @@ coordinates. The episode ends when the environment says done, at the turn cap (`
 ScalingInter-RL horizon), when the response budget is spent, or on an environment failure (recorded,
 reward 0, ``failed``; the trainer leaves such episodes out of the update). The outcome reward is the last
 step's reward (0 if the episode was cut); where it is placed on tokens is the trainer's choice
-(``agent.reward_placement``). With ``tools`` (credo.tools.episode.ToolMode, docs/tools.md) turns are structured
+(``agent.reward_placement``). With ``tools`` (credo.rollout.tool_episode.ToolMode, docs/tools.md) turns are structured
 tool calls: the prompt is rendered with the environment's tool schemas, each turn's calls are parsed and run, and
 their tool messages are appended as the template's token delta.
 """
@@ -108,7 +108,7 @@ class Episode:
     cut: str = ""  # why the episode stopped without the environment ending it
     branched_from: int | None = None  # index in its group of the episode this one was copied from (branching)
     fork_at: int = 0  # response tokens shared with that episode
-    tools: Any = None  # credo.tools.episode.ToolState of a structured-tools run (messages, call counters)
+    tools: Any = None  # credo.rollout.tool_episode.ToolState of a structured-tools run (messages, call counters)
     kv: Any = None  # credo.rollout.kv_reuse.KVSession: the history's keys / values while the episode runs
     prefill_tokens: int = 0  # tokens its turns ran through a prefill
     reused_tokens: int = 0  # tokens its turns read from its KV session instead
@@ -135,7 +135,7 @@ class AgentLoop:
     top_logprobs: int = 0  # recorded per generated token when branching needs entropy
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # e.g. the action's closing tag: the turn ends there (ARPO)
     max_total_tokens: int | None = None  # prompt + response cap (the model's positions); None = unlimited
-    tools: Any = None  # credo.tools.episode.ToolMode: turns are structured tool calls (docs/tools.md)
+    tools: Any = None  # credo.rollout.tool_episode.ToolMode: turns are structured tool calls (docs/tools.md)
     kv_reuse: bool = False  # keep each episode's KV cache across turns (the engine's sessions, kv_reuse.py)
 
     def start(self, examples: list[Example], clients: list[EnvClient], group_ids: list[int]) -> list[Episode]:
