@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from credo.cli.common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
+from credo.recipes.cli_common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
 from credo.config.preflight import preflight
 from credo.errors import RunStopped

@@ -8,7 +8,7 @@ import json
 import string
 from pathlib import Path
 
-from credo.cli.common import config_args
+from credo.recipes.cli_common import config_args
 from credo.plan.model import (DTYPE_BYTES, GIB, Hardware, ModelShape, Workload, memory_per_rank, param_count,
                               step_flops)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from credo.cli.common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
+from credo.recipes.cli_common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
 from credo.config.preflight import check_device, preflight
 from credo.http_server import add_limit_args, limits_from_args

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from credo.cli.common import config_args
+from credo.recipes.cli_common import config_args
 
 
 def add_commands(sub) -> None:

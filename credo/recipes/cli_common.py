@@ -1,5 +1,6 @@
-"""Pieces shared by the ``credo`` subcommands, including those that method packages add
-(:func:`credo.methods.reward_models.cli.add_commands`, :func:`credo.methods.rlep.cli.add_commands`)."""
+"""Pieces shared by the ``credo`` subcommands, including those that method packages and ``credo plan`` add
+(:func:`credo.methods.reward_models.cli.add_commands`, :func:`credo.methods.rlep.cli.add_commands`). They sit
+here, below the method packages, rather than in :mod:`credo.cli` (the top layer, which nothing imports)."""
 from __future__ import annotations
 
 import argparse
