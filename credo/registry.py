@@ -41,7 +41,7 @@ def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
     key = lambda x: (getattr(x, "__module__", None), getattr(x, "__qualname__", None))  # noqa: E731
-    return key(a) == key(b) and key(a) != (None, None)
+    return key(a) == key(b) and None not in key(a)  # an instance has its class's __module__ but no __qualname__
 
 
 class Registry(Generic[T]):
@@ -60,11 +60,16 @@ class Registry(Generic[T]):
         """Register ``entry`` under ``name``; returns it."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind}: invalid name {name!r}")
+        self.refuse_taken(name, entry)
+        self._entries[name] = entry
+        return entry
+
+    def refuse_taken(self, name: str, entry: T) -> None:
+        """Raise the ValueError :meth:`add` would for ``entry`` under ``name``, before building the entry (a
+        registering decorator checks the name first); the built-ins are not imported."""
         old = self._entries.get(name)
         if old is not None and not self._same(old, entry):
             raise ValueError(f"{self.kind} {name!r} is already registered ({_describe(old)})")
-        self._entries[name] = entry
-        return entry
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator form of :meth:`add`."""
@@ -128,4 +133,7 @@ class Registry(Generic[T]):
 
 def _describe(entry: Any) -> str:
     module, qual = getattr(entry, "__module__", None), getattr(entry, "__qualname__", None)
-    return f"to {module}.{qual}" if module and qual else f"to {entry!r}"[:200]
+    if module and qual:
+        return f"to {module}.{qual}"
+    fn = getattr(entry, "fn", None)  # an entry wrapping a function (credo.algo's Registered) names the function
+    return _describe(fn) if callable(fn) else f"to {entry!r}"[:200]

@@ -51,3 +51,21 @@ def test_builtins_are_imported_on_first_lookup_only(monkeypatch):
     assert r.get("mine") == 1 and imported == []  # a registered name never triggers the built-ins
     assert r.get("builtin") == 7 and imported == ["credo_test_builtin_widgets"]
     assert r.names() == ["builtin", "mine"] and imported == ["credo_test_builtin_widgets"]  # imported once
+
+
+def test_two_instances_of_one_class_are_different_entries():
+    """An instance carries its class's ``__module__`` but no ``__qualname__``: only the same object is the same."""
+    r = Registry("spec")
+    first = types.SimpleNamespace(x=1)
+    r.add("s", first)
+    r.add("s", first)
+    with pytest.raises(ValueError, match="already registered"):
+        r.add("s", types.SimpleNamespace(x=2))
+
+
+def test_refuse_taken_checks_a_name_without_importing_the_builtins():
+    r = Registry("widget", builtins=("credo_test_no_such_module",))
+    r.add("f", test_refuse_taken_checks_a_name_without_importing_the_builtins)
+    r.refuse_taken("free", 1)  # no import of the (missing) built-in module, no error
+    with pytest.raises(ValueError, match=r"widget 'f' is already registered \(to tests\.test_registry\."):
+        r.refuse_taken("f", 2)

@@ -28,7 +28,6 @@ from credo.algo.registry import (
     POLICY_LOSSES,
     TokenLoss,
     check_hparams,
-    lookup,
     register_advantage,
     register_policy_loss,
 )
@@ -46,45 +45,45 @@ __all__ = [
 
 
 def list_policy_losses() -> list[str]:
-    return sorted(POLICY_LOSSES)
+    return POLICY_LOSSES.names()
 
 
 def list_advantage_estimators() -> list[str]:
-    return sorted(ADVANTAGE_ESTIMATORS)
+    return ADVANTAGE_ESTIMATORS.names()
 
 
 def policy_loss_requirements(name: str, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Optional inputs (``entropy``, ``ref_logprobs``) the loss needs with these hyperparameters."""
-    return lookup(POLICY_LOSSES, "policy loss", name).requirements(hparams)
+    return POLICY_LOSSES.get(name).requirements(hparams)
 
 
 def policy_loss_inert(name: str, hparams: dict[str, Any] | None = None) -> bool:
     """Whether rows with all-zero advantages have zero loss and gradient under this loss and leave the other
     rows' losses unchanged (declared at registration; checked for every loss by the tests)."""
-    return lookup(POLICY_LOSSES, "policy loss", name).inert_at_zero_advantage(hparams)
+    return POLICY_LOSSES.get(name).inert_at_zero_advantage(hparams)
 
 
 def policy_loss_uses_rollout_logprobs(name: str) -> bool:
     """Whether the loss's old log-probs are the sampler's and it weights tokens itself (verl's bypass mode)."""
-    return lookup(POLICY_LOSSES, "policy loss", name).uses_rollout_logprobs
+    return POLICY_LOSSES.get(name).uses_rollout_logprobs
 
 
 def advantage_accepts(name: str) -> tuple[str, ...]:
     """Every tensor input the estimator's signature names (required or optional, e.g. ``rollout_is_weights``)."""
-    return lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name).inputs
+    return ADVANTAGE_ESTIMATORS.get(name).inputs
 
 
 def advantage_requirements(name: str, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Optional inputs (``values``, ``reward_baselines``, ...) the estimator needs."""
-    return lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name).requirements(hparams)
+    return ADVANTAGE_ESTIMATORS.get(name).requirements(hparams)
 
 
 def check_policy_loss_hparams(name: str, hparams: dict[str, Any]) -> None:
-    check_hparams(POLICY_LOSSES, "policy loss", name, hparams)
+    check_hparams(POLICY_LOSSES, name, hparams)
 
 
 def check_advantage_hparams(name: str, hparams: dict[str, Any]) -> None:
-    check_hparams(ADVANTAGE_ESTIMATORS, "advantage estimator", name, hparams)
+    check_hparams(ADVANTAGE_ESTIMATORS, name, hparams)
 
 
 def compute_policy_loss(
@@ -111,8 +110,8 @@ def compute_policy_loss(
     A method with a prescribed aggregation (e.g. GSPO) overrides ``agg``. Metrics are masked means
     over this call's loss tokens.
     """
-    entry = lookup(POLICY_LOSSES, "policy loss", name)
-    check_hparams(POLICY_LOSSES, "policy loss", name, hparams)
+    entry = POLICY_LOSSES.get(name)
+    check_hparams(POLICY_LOSSES, name, hparams)
     given = {"entropy": entropy, "ref_logprobs": ref_logprobs}
     missing = [n for n in entry.requirements(hparams) if given.get(n) is None]
     if missing:
@@ -159,8 +158,8 @@ def compute_advantages(
     missing raises ValueError naming it. Computation keeps the inputs' floating dtype (float64 rewards
     give float64 advantages); integer or bool rewards compute in the default dtype.
     """
-    entry = lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
-    check_hparams(ADVANTAGE_ESTIMATORS, "advantage estimator", name, hparams)
+    entry = ADVANTAGE_ESTIMATORS.get(name)
+    check_hparams(ADVANTAGE_ESTIMATORS, name, hparams)
     mask = response_mask.to(compute_dtype(rewards, values, value_quantiles))  # (B, T)
     given = {"rewards": rewards, "group_ids": group_ids, "response_mask": mask, "values": values,
              "reward_baselines": reward_baselines, "entropy_direction": entropy_direction,

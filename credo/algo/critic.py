@@ -28,13 +28,15 @@ from typing import Any
 import torch
 
 from credo.algo.aggregation import AggNorm, agg_loss, masked_mean
-from credo.algo.registry import Registered, TokenLoss, _register, check_hparams, lookup
+from credo.algo.registry import Registered, TokenLoss, _register, _same_fn, check_hparams
+from credo.registry import Registry
 from credo.types import LossOutput
 
 CRITIC_TENSOR_ARGS = ("values", "old_values", "returns", "response_mask", "quantiles", "return_quantiles", "kl",
                       "aux", "ref_entropy", "ref_logprobs", "flow", "flow_targets", "flow_weights", "token_rewards")
-CRITIC_LOSSES: dict[str, Registered] = {}
-register_critic_loss = _register(CRITIC_LOSSES, "critic loss", CRITIC_TENSOR_ARGS)
+# the built-ins are this module's; a method package outside credo.algo that registers one is named in builtins
+CRITIC_LOSSES: Registry[Registered] = Registry("critic loss", same=_same_fn)
+register_critic_loss = _register(CRITIC_LOSSES, CRITIC_TENSOR_ARGS)
 
 
 def clipped_sq_error(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
@@ -154,15 +156,15 @@ def dfpo_loss(*, values, response_mask, flow=None, flow_targets=None, flow_weigh
 
 
 def list_critic_losses() -> list[str]:
-    return sorted(CRITIC_LOSSES)
+    return CRITIC_LOSSES.names()
 
 
 def critic_loss_requirements(name: str, hparams: dict[str, Any] | None = None) -> tuple[str, ...]:
-    return lookup(CRITIC_LOSSES, "critic loss", name).requirements(hparams)
+    return CRITIC_LOSSES.get(name).requirements(hparams)
 
 
 def check_critic_loss_hparams(name: str, hparams: dict[str, Any]) -> None:
-    check_hparams(CRITIC_LOSSES, "critic loss", name, hparams)
+    check_hparams(CRITIC_LOSSES, name, hparams)
 
 
 def compute_critic_loss(name: str, *, response_mask: torch.Tensor, agg: str = "token-mean",
@@ -170,8 +172,8 @@ def compute_critic_loss(name: str, *, response_mask: torch.Tensor, agg: str = "t
                         **hparams: Any) -> LossOutput:
     """Per-token loss of the registered critic loss ``name`` (given the tensors in ``inputs`` it accepts),
     aggregated with ``agg``; metrics are masked means over this call's loss tokens."""
-    entry = lookup(CRITIC_LOSSES, "critic loss", name)
-    check_hparams(CRITIC_LOSSES, "critic loss", name, hparams)
+    entry = CRITIC_LOSSES.get(name)
+    check_hparams(CRITIC_LOSSES, name, hparams)
     missing = [n for n in entry.requirements(hparams) if inputs.get(n) is None]
     if missing:
         raise ValueError(f"critic loss {name!r} needs {', '.join(missing)} (a quantile head for quantiles, "

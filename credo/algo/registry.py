@@ -21,6 +21,11 @@ Advantage estimator::
 
 Every keyword after the fixed tensor arguments is a hyperparameter; its default is the released
 recipe value, and :func:`check_hparams` validates config-supplied names and types against it.
+
+Each table is a :class:`credo.registry.Registry` of :class:`Registered` entries: ``TABLE.get(name)`` raises
+``unknown <kind> 'name' (did you mean ...)``, ``TABLE.names()`` lists every built-in. ``credo.algo`` imports its own
+built-ins eagerly; a method package outside it (``credo.methods.*``) that registers an entry is named in the table's
+``builtins`` and imported on the first lookup or listing.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from credo.registry import Registry, _same
 
 LOSS_TENSOR_ARGS = ("logprobs", "old_logprobs", "advantages", "response_mask", "entropy", "ref_logprobs",
                     "token_weights")
@@ -81,8 +88,15 @@ class Registered:
         return bool(self.zero_adv_inert)
 
 
-POLICY_LOSSES: dict[str, Registered] = {}
-ADVANTAGE_ESTIMATORS: dict[str, Registered] = {}
+def _same_fn(a: Registered | Callable[..., Any], b: Registered | Callable[..., Any]) -> bool:
+    """The same registered function (its module imported twice counts as the same); either side may be the bare
+    function (a decorator checks the name before it builds the entry)."""
+    return _same(getattr(a, "fn", a), getattr(b, "fn", b))
+
+
+POLICY_LOSSES: Registry[Registered] = Registry("policy loss", builtins=("credo.algo.losses",), same=_same_fn)
+ADVANTAGE_ESTIMATORS: Registry[Registered] = Registry("advantage estimator", builtins=("credo.algo.advantages",),
+                                                      same=_same_fn)
 
 
 def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[str, Any]:
@@ -96,19 +110,18 @@ def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[st
     return out
 
 
-def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, ...]):
+def _register(table: Registry[Registered], tensor_args: tuple[str, ...]):
     def register(name: str, *, forced_agg: str | None = None,
                  needs: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = (),
                  zero_adv_inert: bool | Callable[[dict[str, Any]], bool] = False, groups: bool = False,
                  uses_rollout_logprobs: bool = False):
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if name in table and table[name].fn is not fn:
-                raise ValueError(f"{kind} {name!r} is already registered to {table[name].fn.__qualname__}")
+            table.refuse_taken(name, fn)
             doc = (inspect.getdoc(fn) or "").split("\n")[0]
             accepted = tuple(p for p in inspect.signature(fn).parameters if p in tensor_args)
-            table[name] = Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg,
-                                     needs if callable(needs) else tuple(needs), doc, accepted, zero_adv_inert,
-                                     groups, uses_rollout_logprobs)
+            table.add(name, Registered(name, fn, _hparams_of(fn, tensor_args), forced_agg,
+                                       needs if callable(needs) else tuple(needs), doc, accepted, zero_adv_inert,
+                                       groups, uses_rollout_logprobs))
             return fn
 
         return deco
@@ -116,21 +129,14 @@ def _register(table: dict[str, Registered], kind: str, tensor_args: tuple[str, .
     return register
 
 
-register_policy_loss = _register(POLICY_LOSSES, "policy loss", LOSS_TENSOR_ARGS)
-register_advantage = _register(ADVANTAGE_ESTIMATORS, "advantage estimator", ADV_TENSOR_ARGS)
+register_policy_loss = _register(POLICY_LOSSES, LOSS_TENSOR_ARGS)
+register_advantage = _register(ADVANTAGE_ESTIMATORS, ADV_TENSOR_ARGS)
 
 
-def lookup(table: dict[str, Registered], kind: str, name: str) -> Registered:
-    if name in table:
-        return table[name]
-    close = difflib.get_close_matches(name, list(table), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise KeyError(f"unknown {kind} {name!r}{hint}; registered: {', '.join(sorted(table))}")
-
-
-def check_hparams(table: dict[str, Registered], kind: str, name: str, hparams: dict[str, Any]) -> None:
-    """Raise TypeError naming the first unknown or wrongly typed hyperparameter."""
-    entry = lookup(table, kind, name)
+def check_hparams(table: Registry[Registered], name: str, hparams: dict[str, Any]) -> None:
+    """Raise TypeError naming the first unknown or wrongly typed hyperparameter (UnknownName for an unknown
+    ``name``)."""
+    entry, kind = table.get(name), table.kind
     for key, value in hparams.items():
         if key not in entry.hparams:
             close = difflib.get_close_matches(key, list(entry.hparams), n=1)

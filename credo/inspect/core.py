@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from credo.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, lookup
+from credo.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from credo.config import ConfigError
 from credo.inspect.methods import (Disagreement, EstimatorReplay, LossReplay, Skipped, disagreements,
                                    replay_estimator, replay_loss)
 from credo.inspect.replay import DTYPE, ReplayBatch, load_batch
+from credo.registry import Registry
 
 
 @dataclass
@@ -31,12 +32,12 @@ class Inspection:
     estimator_disagree: torch.Tensor  # (B, T) bool: some pair of estimators disagrees
 
 
-def parse_names(text: str | None, default: str, kind: str, table: dict) -> list[str]:
+def parse_names(text: str | None, default: str, table: Registry) -> list[str]:
     """Comma-separated registered names (``default`` when empty); ConfigError naming an unknown one."""
     names = [n.strip() for n in (text or default).split(",") if n.strip()]
     for name in names:
         try:
-            lookup(table, kind, name)
+            table.get(name)
         except KeyError as exc:
             raise ConfigError(str(exc.args[0])) from None
     return list(dict.fromkeys(names))
@@ -69,8 +70,8 @@ def inspect_run(run_dir: str | Path, step: int, *, losses: str | None = None, es
     run_dir = Path(run_dir)
     batch, cfg = load_batch(run_dir, step, device=device)
     a = cfg.algo
-    loss_names = parse_names(losses, a.policy_loss, "policy loss", POLICY_LOSSES)
-    est_names = parse_names(estimators, a.advantage, "advantage estimator", ADVANTAGE_ESTIMATORS)
+    loss_names = parse_names(losses, a.policy_loss, POLICY_LOSSES)
+    est_names = parse_names(estimators, a.advantage, ADVANTAGE_ESTIMATORS)
     skipped: list[Skipped] = []
     ests: list[EstimatorReplay] = []
     if batch.advantages is not None:
