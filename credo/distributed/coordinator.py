@@ -23,7 +23,6 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from credo.collect.group import Prefetch, Rollouts
-from credo.config import ConfigError
 from credo.distributed.data_parallel import DataParallel
 from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
@@ -50,6 +49,7 @@ class RolloutCoordinator:
         self.sampling = sampling  # what rollouts saved before Rollouts.sampling existed were sampled with
         self.model = self.engine = self.runner = self.collector = None
         self.pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
+        self.ready: Rollouts | None = None  # one-step-off mode: the batch sync_weights finished, for collect
         self.served_version = -1  # the policy version the rollout engine serves
         self.guards = None  # credo.guards.Guards (attach)
         self.replica = None  # FSDP2: an unsharded copy of the policy, loaded with the whole weights to save them
@@ -57,10 +57,10 @@ class RolloutCoordinator:
     @classmethod
     def of(cls, cfg, dp: DataParallel, *, shardable: bool) -> "RolloutCoordinator":
         """The mode of ``cfg.distributed`` / ``cfg.rollout``; ``shardable``: the collector's rollouts may be split
-        over the ranks (not agent episodes, not filtered groups)."""
+        over the ranks (not agent episodes, not filtered groups). The modes credo does not implement were refused
+        when the config was loaded (:func:`credo.distributed.validate.check_async`)."""
         ray = cfg.distributed.backend == "ray"
         r = cfg.rollout
-        check_async(cfg)
         schedule = StalenessSchedule(r.max_staleness, r.partial, r.max_new_tokens) if r.max_staleness else None
         return cls(dp, ray=ray, shard=dp.enabled and not ray and cfg.distributed.rollout == "shard" and shardable,
                    one_step_off=r.one_step_off, steps=cfg.train.steps, sampling=SamplingParams.of(r),
@@ -85,15 +85,30 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------ the step
 
+    def sync_weights(self, step: int, timer) -> None:
+        """Step ``step``'s weight sync: the rollout engine serves the policy the previous steps trained, as version
+        ``step`` (the RL step's first line, credo/recipes/step.py). One-step-off mode: the batch in flight (generated
+        by the previous policy while the previous step updated) is finished first. Bounded staleness: version
+        ``step`` is published to the pipeline (every rank: an FSDP2 gather), which loads it where its schedule
+        says. A collective: every rank calls it at the same point."""
+        if self.schedule is not None:
+            self.pipeline().publish(step, snapshot(self.model))
+            return
+        if self.pending is not None:  # the engine is idle after this
+            self.ready, self.pending = self.pending.wait(timer), None
+        self.sync(step)
+
     def collect(self, step: int, timer) -> Rollouts:
-        """This step's rollouts. The engine first serves the trainer's weights as policy ``step``. One-step-off
-        mode: the batch generated (by the previous policy) while the previous step updated, and the next batch
-        starts generating now, overlapping this step's update. Ray mode: rank 0 collects, the other ranks receive."""
+        """This step's rollouts (after :meth:`sync_weights`). One-step-off mode: the batch finished by the sync, and
+        the next batch starts generating now, overlapping this step's update. Bounded staleness: this step's batch
+        (sampled by policy max(0, step - K), or under partial rollouts by the versions of its decode steps) is taken
+        from the pipeline, batches up to step + K queued. Ray mode: rank 0 collects, the other ranks receive."""
         if self.schedule is not None:
             return self._collect_pipelined(step, timer)
-        ready = self.pending.wait(timer) if self.pending is not None else None  # the engine is idle after this
-        self.pending = None
-        self.sync(step)
+        if self.pending is not None or self.served_version != step:
+            raise RuntimeError(f"collect({step}) before sync_weights({step}): the engine would sample with weights "
+                               f"of another policy version")
+        ready, self.ready = self.ready, None
 
         def leader() -> Rollouts:
             rollouts = ready if ready is not None else self._collect(step, timer)
@@ -104,11 +119,7 @@ class RolloutCoordinator:
         return self._finish(self.leader(leader), step, timer)
 
     def _collect_pipelined(self, step: int, timer) -> Rollouts:
-        """Bounded staleness: policy ``step`` is published (every rank: an FSDP2 gather), batches up to step + K
-        are queued, and this step's batch (sampled by policy max(0, step - K), or under partial rollouts by the
-        versions of its decode steps) is taken from the pipeline."""
         pipe = self.pipeline()
-        pipe.publish(step, snapshot(self.model))
 
         def leader() -> Rollouts:
             pipe.fill(step)
@@ -217,16 +228,3 @@ class RolloutCoordinator:
         if saved.get("async_pipeline") is not None and self.schedule is not None:
             self.pipeline().load_state_dict(saved["async_pipeline"])
 
-
-def check_async(cfg) -> None:
-    """ConfigError for the bounded-staleness modes credo does not implement."""
-    r, d = cfg.rollout, cfg.distributed
-    if r.partial and not r.max_staleness:
-        raise ConfigError("rollout.partial: needs rollout.max_staleness >= 1 (partial rollouts span policy versions)")
-    if (r.max_staleness >= 2 or r.partial) and (d.backend == "ray" or r.engine != "hf"):
-        raise ConfigError("rollout.max_staleness >= 2 / rollout.partial: not implemented with Ray or "
-                          "rollout.engine=vllm (the pipeline loads each batch's version into an in-process hf "
-                          "engine); use max_staleness 1 (one_step_off) there")
-    if r.partial and r.collector.type != "group":
-        raise ConfigError(f"rollout.partial: not implemented with rollout.collector.type={r.collector.type} "
-                          "(the version schedule is by decode step of a single-turn generation)")

@@ -1,20 +1,17 @@
 """RL with verifiable rewards: the training recipe, top to bottom.
 
-    for each step:
-        rollouts     = coordinator.collect(step)                         # the collector (credo.collect.base), on
-                                                                         # the leader / every shard / prefetched
-        batch        = collate(rollouts)                                 # credo.train.batch (+ how it was sampled)
-        old_logprobs = batched_logprobs(model, batch, stats=...)         # unless fused into the update
-        values       = batched_values(critic, batch)                     # if a critic is trained
-        advantages   = compute_advantages(estimator, collector.rewards(batch), ...)   # credo.algo
-        update_critic(...); update_policy(selector.select(batch), ...)   # credo.train.update
-        metrics -> metrics.jsonl / TensorBoard; periodic eval; atomic checkpoint
+    train(cfg)                                   # set up: data, policy (+ LoRA), the run's pieces (build_parts)
+      start(...) | restore(...)                  # a new run's warm start and step-0 evaluation, or a checkpoint
+      rl_loop(...)                               # for each step:
+        metrics = rl_step(cfg, parts, state)     #   credo/recipes/step.py: sync, collect, collate, passes,
+                                                 #   rewards, advantages, critic and policy updates, metrics
+        eval when due; metrics.jsonl row; checkpoint when due (or on a preemption signal)
+      final/ and summary.json
 
-Which collector, token selector, estimator, loss and aggregation run is configuration (``rollout.collector``,
-``token_select``, ``algo.*``, ``critic.*``, ...), chosen once (credo.recipes.stages); the recipe asks the
-stages and registries what a choice needs and never branches on method names. The distributed mode (leader-only
-collection, sharded rollouts, weight sync, one-step-off prefetch, the FSDP2 replica) sits behind
-:class:`credo.distributed.coordinator.RolloutCoordinator`.
+Which collector, estimator, loss, loss terms and batch transforms run is configuration, built once
+(credo/recipes/stages.py) from what the packages that own them registered; the recipe never branches on a method.
+The distributed mode (leader-only collection, sharded rollouts, weight sync, one-step-off prefetch, the FSDP2
+replica) sits behind :class:`credo.distributed.coordinator.RolloutCoordinator`.
 """
 from __future__ import annotations
 
@@ -29,38 +26,29 @@ from typing import Any
 
 import torch
 
-from credo.algo import advantage_requirements, compute_advantages, masked_mean
-from credo.algo.advantages import discounted_returns, token_rewards
 from credo.config import RunConfig
 from credo.data.sampler import prompt_sampler
 from credo.data.source import TaskData, drop_overlong, format_prompts, model_context
 from credo.distributed import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
-from credo.guards import Guards
-from credo.guards.logprobs import check_behaviour_logprobs, check_first_ratio
-from credo.methods.distill.stage import apply_distill, apply_distill_advantages
-from credo.methods.distill.teacher import load_teacher
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
+from credo.guards import Guards
 from credo.models import ValueModel, load_model, load_or_build, num_parameters
 from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
                                   save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
-from credo.recipes.stages import (COLLECTOR_KEY, PASS_STATS, advantage_inputs, apply_reference, build_collector,
-                                  build_token_selector, collector_state, fuse_old_logprobs, load_reference,
-                                  needs_critic, new_critic, save_reference, shardable, step_metrics)
 from credo.recipes.lora_stage import lora_policy
 from credo.recipes.preemption import Preempted, StopSignals
-from credo.tracking.dump import rollout_records
+from credo.recipes.stages import (COLLECTOR_KEY, build_collector, build_plan, collector_state, load_reference,
+                                  needs_critic, new_critic, save_reference, shardable)
+from credo.recipes.step import rl_step
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
-from credo.train.batch import collate
 from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_state, save_checkpoint, set_rng_state
-from credo.train.flow_targets import CriticPassOptions, critic_pass
-from credo.train.forward import ForwardOptions, batched_logprobs
 from credo.train.optim import build_optimizer, build_scheduler
+from credo.train.plan import StepPlan
 from credo.train.stats import Timer
-from credo.train.update import UpdateOptions, update_critic, update_policy
-from credo.types import AdvantageOutput, TrainBatch
+from credo.train.transforms import BuildContext, build_transforms
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +78,11 @@ class Parts:
     data: TaskData
     logger: MetricsLogger
     collector: Any  # credo.collect.base.Collector (credo.recipes.stages.build_collector)
-    selector: Any  # credo.train.token_select.TokenSelector
+    transforms: tuple  # the enabled batch transforms (credo.train.transforms), in phase order
+    plan: StepPlan  # which passes the steps run (credo.train.plan)
     rollout: RolloutCoordinator  # collection, weight sync and the policy replica in the distributed mode
     dp: DataParallel  # data-parallel split of the updates (credo.distributed)
     ref_model: Any = None  # frozen reference policy when a KL term needs one
-    teacher: Any = None  # on-policy distillation's frozen teacher (credo.methods.distill; reloaded on resume)
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: Any = None
@@ -148,10 +136,9 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     model, fresh = lora_policy(cfg, model, tokenizer, data, run_dir, fresh=fresh, resumed=ckpt is not None)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
     with contextlib.ExitStack() as stack:
-        parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)
-        parts.teacher = load_teacher(cfg, tokenizer)  # before the warm start: a bad teacher fails the run early
+        parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)  # a bad teacher etc. fails here
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
-        parts.ref_model = load_reference(cfg, run_dir, parts.model)
+        parts.ref_model = load_reference(cfg, parts.plan, run_dir, parts.model)
         if cfg.distributed.strategy == "fsdp2":
             shard_policy_of(cfg, parts)
         rl_loop(cfg, run_dir, state, parts)
@@ -164,8 +151,8 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
 
 def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextlib.ExitStack, model, tokenizer,
                 data: TaskData, ckpt: Path | None) -> Parts:
-    """The run's live objects: runner, logger, optimizer, engine, the collector and token selector chosen by the
-    config, and the coordinator of the distributed mode (closed by ``stack``)."""
+    """The run's live objects: runner, logger, optimizer, engine, the collector and the batch transforms chosen by
+    the config, the step's plan, and the coordinator of the distributed mode (closed by ``stack``)."""
     rollout = RolloutCoordinator.of(cfg, dp, shardable=shardable(cfg))
     runner = None if rollout.follower else stack.enter_context(reward_runner(cfg, data))
     logger = stack.enter_context(metrics_logger(cfg, run_dir, resume_step=_step_of(ckpt) if ckpt else None,
@@ -181,9 +168,11 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
                                 sampler=sampler, run_dir=run_dir, guards=guards)
     rollout.attach(model=model, engine=engine, runner=runner, collector=collector, guards=guards)
     stack.callback(rollout.close)  # the async pipeline's thread (rollout.max_staleness)
+    transforms = build_transforms(BuildContext(cfg, model, tokenizer, run_dir))
     return Parts(model=model, tokenizer=tokenizer, engine=engine, runner=runner, optimizer=optimizer,
                  scheduler=_scheduler(cfg, optimizer), data=data, logger=logger, collector=collector,
-                 selector=build_token_selector(cfg, model, tokenizer), rollout=rollout, dp=dp, guards=guards)
+                 transforms=transforms, plan=build_plan(cfg, collector, transforms), rollout=rollout, dp=dp,
+                 guards=guards)
 
 
 def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
@@ -195,7 +184,7 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
     state.start_eval = state.last_eval = evaluate_now(cfg, parts, run_dir, 0, force_sync=True)
     parts.logger.log(0, state.start_eval)
     parts.collector.start(run_dir)
-    save_reference(cfg, parts.model, parts.tokenizer, run_dir)
+    save_reference(cfg, parts.plan, parts.model, parts.tokenizer, run_dir)
     if needs_critic(cfg):
         attach_critic(cfg, parts, new_critic(cfg, parts.model))
     return state
@@ -238,98 +227,6 @@ def checkpoint(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> 
     save_checkpoint(run_dir, state.step, model=parts.rollout.plain_model(), tokenizer=parts.tokenizer,
                     keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts), critic=parts.critic)
     parts.logger.log(state.step, {"timing_s/checkpoint": time.perf_counter() - t_ck}, file="checkpoints.jsonl")
-
-
-def rl_step(cfg: RunConfig, parts: Parts, state: RunState, *, step: int) -> dict[str, float]:
-    """One RL step: collect -> batch -> (old log-probs) -> (values) -> advantages -> updates -> metrics."""
-    timer = Timer()
-    a = cfg.algo
-    with timer("step"):
-        rollouts = parts.rollout.collect(step, timer)
-        metrics = rollouts.metrics
-        if not rollouts.trajs:  # every group was filtered out: nothing to learn from this step
-            return metrics | timer.metrics() | parts.guards.metrics() | {"train/skipped_step": 1}
-        batch = collate(rollouts.trajs, rollouts.results, pad_id=parts.tokenizer.pad_token_id,
-                        temperature=rollouts.sampling.temperature)
-        check_behaviour_logprobs(parts.guards, batch)  # finite_logprobs, before any pass reads the batch
-        adv_needs = advantage_requirements(a.advantage, a.advantage_args)
-        fused = fuse_old_logprobs(cfg, parts, adv_needs, batch.batch_size)
-        token_stats = {} if fused else old_logprob_pass(cfg, parts, batch, adv_needs, metrics, state, timer)
-        if parts.critic is not None:
-            with timer("values"):
-                critic_pass(CriticPassOptions.of(cfg), parts.critic, batch, step=step)  # values (+ the loss's targets)
-        rewards = apply_distill(cfg, parts.teacher, batch, metrics, timer,
-                                parts.collector.rewards(batch, rollouts.trajs))
-        rewards = apply_reference(cfg, parts.ref_model, batch, metrics, timer, rewards)
-        adv = advantages(cfg, parts, batch, rollouts, rewards, adv_needs, token_stats, state, timer)
-        apply_distill_advantages(cfg, batch, adv.metrics)  # distill.mode advantage / loss: A = w A (+ c (q - s))
-        updates(cfg, parts, state, batch, rollouts.trajs, metrics, timer, step=step, fused=fused)
-    metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step)
-                   | parts.guards.metrics())
-    every = cfg.log.rollouts_every
-    if every and (step + 1) % every == 0:
-        for row in rollout_records(batch, rollouts.trajs, rollouts.results, parts.tokenizer):
-            parts.logger.log_record(step + 1, row, file="rollouts.jsonl")
-    return metrics
-
-
-def old_logprob_pass(cfg: RunConfig, parts: Parts, batch: TrainBatch, adv_needs: tuple[str, ...], metrics: dict,
-                     state: RunState, timer: Timer) -> dict[str, torch.Tensor]:
-    """The no-grad pass of the policy that collected (old log-probs, entropy and the statistics the estimator
-    reads); returns those statistics. Rows the engine did not sample (``batch.sampled``: e.g. answers from a pool)
-    take the current policy's log-probs as their behaviour log-probs."""
-    with timer("old_logprob"):
-        stats = ("entropy",) + tuple(n for n in PASS_STATS if n in adv_needs)
-        batch.old_logprobs, token_stats = batched_logprobs(
-            parts.model, batch, micro_batch_size=cfg.train.micro_batch_size,
-            micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=batch.temperature, stats=stats,
-            opts=ForwardOptions.of(cfg))
-        batch.entropy = token_stats["entropy"]
-    state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
-    unsampled = ~batch.sampled
-    batch.rollout_logprobs[unsampled] = batch.old_logprobs[unsampled]
-    # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 on-policy, the policy lag's
-    # effect in one-step-off mode
-    metrics["rollout/logprob_abs_diff"] = float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
-                                                            batch.response_mask))
-    if cfg.rollout.one_step_off and cfg.rollout.off_policy_ratio == "behaviour":
-        batch.old_logprobs = batch.rollout_logprobs  # the PPO ratio against the policy that generated
-    return token_stats
-
-
-def advantages(cfg: RunConfig, parts: Parts, batch: TrainBatch, rollouts, rewards: torch.Tensor,
-               adv_needs: tuple[str, ...], token_stats: dict[str, torch.Tensor], state: RunState,
-               timer: Timer) -> AdvantageOutput:
-    """The configured estimator's advantages (and returns) into ``batch``."""
-    a = cfg.algo
-    with timer("adv"):
-        inputs = advantage_inputs(cfg, parts, batch, rollouts, adv_needs, token_stats, state, timer)
-        adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
-                                 response_mask=batch.response_mask, **inputs, **a.advantage_args)
-        batch.advantages, batch.returns, batch.return_quantiles = adv.advantages, adv.returns, adv.return_quantiles
-        batch.token_rewards = token_rewards(rewards, batch.response_mask)  # r_t, for critic losses that bootstrap
-        if parts.critic is not None and not {"values", "value_quantiles"} & set(adv_needs):
-            # a monitored critic (the estimator does not read it) learns the returns
-            batch.returns = discounted_returns(rewards, batch.response_mask, 1.0)
-    return adv
-
-
-def updates(cfg: RunConfig, parts: Parts, state: RunState, batch: TrainBatch, trajs, metrics: dict, timer: Timer,
-            *, step: int, fused: bool) -> None:
-    """The critic's update, then (after the critic's warm-up) the policy's on the selector's tokens."""
-    opts = UpdateOptions.of(cfg)
-    if parts.critic is not None:
-        with timer("update_critic"):
-            metrics.update(update_critic(opts, parts.critic, batch, parts.critic_optimizer, parts.critic_scheduler,
-                                         step=step, dp=parts.dp))
-    if step >= cfg.critic.warmup_steps or parts.critic is None:
-        policy_batch = parts.selector.select(batch, trajs, metrics, timer, step=step)
-        with timer("update"):
-            metrics.update(update_policy(opts, parts.model, policy_batch, parts.optimizer, parts.scheduler,
-                                         step=step, dp=parts.dp))
-        check_first_ratio(parts.guards, metrics, trajs, step=step)  # on-policy: ratio 1 against the sampler
-        if fused and "actor/entropy" in metrics:  # absent when every row had zero advantage (skipped)
-            state.entropy_history.append(metrics["actor/entropy"])
 
 
 def evaluate_now(cfg: RunConfig, parts: Parts, run_dir: Path, step: int, *, force_sync: bool = False) -> dict:

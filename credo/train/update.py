@@ -11,19 +11,20 @@ its ``of`` classmethod), not the whole config; the sampling temperature comes wi
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from credo.algo import (AggNorm, agg_loss, compute_policy_loss, kl_penalty, policy_loss_inert,
-                        policy_loss_requirements, policy_loss_uses_rollout_logprobs)
+from credo.algo import (AggNorm, compute_policy_loss, policy_loss_inert, policy_loss_requirements,
+                        policy_loss_uses_rollout_logprobs)
 from credo.algo.critic import compute_critic_loss
-from credo.algo.distill import distill_loss_tokens
 from credo.algo.rollout_correction import rollout_is_weights
 from credo.distributed.data_parallel import LOCAL, DataParallel
 from credo.guards.logprobs import FIRST_RATIO_METRIC, ratio_deviation
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_outputs, trim
+from credo.train.loss_terms import LossTerm, TermInputs, build_loss_terms
 from credo.train.optim import clip_and_step
 from credo.train.stats import MetricAccumulator
 from credo.types import TrainBatch
@@ -31,36 +32,26 @@ from credo.types import TrainBatch
 
 @dataclass(frozen=True)
 class LossSpec:
-    """The policy loss and the terms added to it (``algo.*``), and what its aggregation divides by
-    (``loss_scale_factor``, else ``max_new_tokens``: :func:`loss_scale`)."""
+    """The policy loss, the loss terms added to it (credo.train.loss_terms: KL, entropy, SFT, a method's), and what
+    its aggregation divides by (``loss_scale_factor``, else ``max_new_tokens``: :func:`loss_scale`)."""
 
     policy_loss: str
     agg: str
-    kl_coef: float
-    kl_estimator: str
-    kl_in_reward: bool
-    entropy_coef: float
-    sft_coef: float
-    sft_correct_score: float
     rollout_correction: str
     rollout_is_low: float | None
     rollout_is_high: float
     loss_scale_factor: float | None
     max_new_tokens: int
     policy_loss_args: dict[str, Any] = field(default_factory=dict)
-    distill_coef: float = 0.0  # on-policy distillation's loss term (credo.methods.distill, distill.mode=loss)
-    distill_estimator: str = "k2"
+    terms: tuple[LossTerm, ...] = ()  # in summation order
 
     @classmethod
     def of(cls, cfg) -> "LossSpec":
-        a, d = cfg.algo, cfg.distill  # d: on-policy distillation (loss mode: a loss term), None when off
-        return cls(policy_loss=a.policy_loss, agg=a.agg, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
-                   kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef, sft_coef=a.sft_coef,
-                   sft_correct_score=a.sft_correct_score, rollout_correction=rollout_correction_mode(cfg),
+        a = cfg.algo
+        return cls(policy_loss=a.policy_loss, agg=a.agg, rollout_correction=rollout_correction_mode(cfg),
                    rollout_is_low=a.rollout_is_low, rollout_is_high=a.rollout_is_high,
                    loss_scale_factor=a.loss_scale_factor, max_new_tokens=cfg.rollout.max_new_tokens,
-                   policy_loss_args=dict(a.policy_loss_args), distill_estimator=d.estimator if d else "k2",
-                   distill_coef=d.coef if d is not None and d.mode == "loss" else 0.0)
+                   policy_loss_args=dict(a.policy_loss_args), terms=build_loss_terms(cfg))
 
 
 def rollout_correction_mode(cfg) -> str:
@@ -147,8 +138,7 @@ def zero_advantage_rows_inert(opts: UpdateOptions) -> bool:
     correct responses) gives them a gradient."""
     a = opts.loss
     return (opts.skip_zero_advantage and policy_loss_inert(a.policy_loss, a.policy_loss_args)
-            and (a.kl_coef == 0 or a.kl_in_reward) and a.entropy_coef == 0 and a.sft_coef == 0
-            and a.distill_coef == 0)
+            and all(t.inert_at_zero_advantage for t in a.terms))
 
 
 def live_rows(mb: TrainBatch) -> torch.Tensor:
@@ -173,8 +163,7 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
     skip = zero_advantage_rows_inert(opts)
     for index, mb in enumerate(minibatches(opts.batching, batch, step=step)):
         norm = AggNorm.of(mb.response_mask, scale)  # the whole mini-batch's counts, on every rank
-        correct = correct_mask(mb, a.sft_correct_score) if a.sft_coef > 0 else None
-        sft_norm = AggNorm.of(correct, scale) if correct is not None else None
+        prepared = tuple(t.prepare(mb, scale) for t in a.terms)  # e.g. SFT's normalisers over correct responses
         lr = scheduler.get_last_lr()[0]
         local = dp.shard(mb)
         live = live_rows(local) if skip else torch.ones(local.batch_size, dtype=torch.bool)
@@ -186,9 +175,9 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
         rounds = dp.max_over_ranks(len(micros)) if dp.lockstep(model) else len(micros)
         for i in range(rounds):
             if i >= len(micros):
-                idle_backward(a, model, mb, norm, sft_norm, forward=opts.forward)
+                idle_backward(a, model, mb, norm, prepared, forward=opts.forward)
                 continue
-            loss, per_update, weighted = actor_loss(a, model, micros[i], norm, sft_norm, forward=opts.forward,
+            loss, per_update, weighted = actor_loss(a, model, micros[i], norm, prepared, forward=opts.forward,
                                                     first=index == 0)
             (loss * factor).backward()  # factor 1.0 (exact) unless FSDP2 averages the gradients
             for k, v in per_update.items():
@@ -204,11 +193,11 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
     return acc.result()
 
 
-def idle_backward(spec: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None, *,
+def idle_backward(spec: LossSpec, model, mb: TrainBatch, norm: AggNorm, prepared: tuple, *,
                   forward: ForwardOptions) -> None:
     """A zero-weighted forward and backward (of the mini-batch's first row): no gradient, but the same collectives
     as a real micro-batch, for a sharded policy whose rank has run out of rows."""
-    loss, _, _ = actor_loss(spec, model, trim(mb.select(torch.tensor([0]))), norm, sft_norm, forward=forward)
+    loss, _, _ = actor_loss(spec, model, trim(mb.select(torch.tensor([0]))), norm, prepared, forward=forward)
     (loss * 0.0).backward()
 
 
@@ -225,25 +214,47 @@ def loss_scale(spec: LossSpec) -> float:
     return spec.loss_scale_factor or float(spec.max_new_tokens)
 
 
-def correct_mask(batch: TrainBatch, correct_score: float) -> torch.Tensor:
-    """(B, T) loss mask restricted to fully correct responses (score == correct_score)."""
-    return batch.response_mask * (batch.scores == correct_score).float().unsqueeze(-1)
-
-
-def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggNorm | None, *,
+def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, prepared: tuple = (), *,
                forward: ForwardOptions, first: bool = False):
-    """Policy loss (+ KL loss, - entropy bonus, + SFT on correct responses) of one micro-batch,
-    as its share of the mini-batch loss; log-probs at the temperature the batch was sampled at.
-    Returns (loss, per-update metrics, token-weighted metrics). ``first``: a micro-batch of the update's first
-    mini-batch (before any optimizer step), which also reports ``actor/first_ratio_dev`` (credo.guards.logprobs)."""
+    """The policy-gradient loss plus the loss terms (``a.terms``, e.g. + KL loss, - entropy bonus, + SFT on correct
+    responses) of one micro-batch, as its share of the mini-batch loss; log-probs at the temperature the batch was
+    sampled at. ``prepared``: each term's ``prepare`` of the mini-batch. Returns (loss, per-update metrics,
+    token-weighted metrics). ``first``: a micro-batch of the update's first mini-batch (before any optimizer step),
+    which also reports ``actor/first_ratio_dev`` (credo.guards.logprobs)."""
     fused = mb.old_logprobs is None  # no separate old-log-prob pass: on-policy, old = current (detached)
-    needs_entropy = fused or a.entropy_coef != 0 or "entropy" in policy_loss_requirements(a.policy_loss,
-                                                                                          a.policy_loss_args)
+    needs_entropy = fused or any(t.needs_entropy for t in a.terms) \
+        or "entropy" in policy_loss_requirements(a.policy_loss, a.policy_loss_args)
     logprobs, entropy = policy_logprobs(model, mb, temperature=mb.temperature, with_entropy=needs_entropy,
                                         opts=forward)
     mask = mb.response_mask
-    bypass = policy_loss_uses_rollout_logprobs(a.policy_loss)  # old = the sampler's; the loss weights tokens itself
     old_logprobs = logprobs.detach() if fused else mb.old_logprobs
+    out, weighted = policy_gradient(a, logprobs, old_logprobs, entropy, mb, norm)
+    loss = out.loss
+    per_update = {"actor/pg_loss": float(out.loss.detach())}
+    inputs = TermInputs(logprobs=logprobs, entropy=entropy, batch=mb, agg=a.agg, norm=norm)
+    for term, state in zip(a.terms, prepared or (None,) * len(a.terms)):
+        contribution = term(dataclasses.replace(inputs, prepared=state))
+        if contribution is None:
+            continue
+        coef, value = contribution
+        loss = loss + coef * value
+        per_update[term.name] = float(value.detach())
+    if first:  # mean |exp(logprobs - rollout_logprobs) - 1|: the first_ratio guard's measure
+        weighted[FIRST_RATIO_METRIC] = ratio_deviation(logprobs, mb.rollout_logprobs, mask)
+    if fused:  # what the skipped pass would have reported
+        n = mask.sum().clamp(min=1.0)
+        weighted["actor/entropy"] = float((entropy.detach() * mask).sum() / n)
+        weighted["rollout/logprob_abs_diff"] = float(((mb.rollout_logprobs - old_logprobs).abs() * mask).sum() / n)
+    return loss, per_update, weighted
+
+
+def policy_gradient(a: LossSpec, logprobs: torch.Tensor, old_logprobs: torch.Tensor, entropy: torch.Tensor | None,
+                    mb: TrainBatch, norm: AggNorm):
+    """The registered policy loss (``algo.policy_loss``) after aggregation, with the rollout-correction weights
+    (``algo.rollout_correction``) unless the loss computes its own (verl's bypass mode: its old log-probs are the
+    sampler's). Returns (LossOutput, token-weighted metrics)."""
+    mask = mb.response_mask
+    bypass = policy_loss_uses_rollout_logprobs(a.policy_loss)  # old = the sampler's; the loss weights tokens itself
     loss_old = mb.rollout_logprobs if bypass else old_logprobs
     weights, corr_metrics = None, {}
     if a.rollout_correction != "none" and not bypass:
@@ -254,33 +265,7 @@ def actor_loss(a: LossSpec, model, mb: TrainBatch, norm: AggNorm, sft_norm: AggN
     out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=loss_old, advantages=mb.advantages,
                               response_mask=mask, entropy=entropy, ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm,
                               token_weights=weights, **a.policy_loss_args)
-    loss = out.loss
-    per_update = {"actor/pg_loss": float(out.loss.detach())}
-    if a.kl_coef > 0 and not a.kl_in_reward:
-        kl_loss = agg_loss(kl_penalty(logprobs, mb.ref_logprobs, a.kl_estimator), mask, a.agg, norm=norm)
-        loss = loss + a.kl_coef * kl_loss
-        per_update["actor/kl_loss"] = float(kl_loss.detach())
-    if a.distill_coef > 0:  # reverse KL to the teacher on the student's samples (credo.algo.distill)
-        d_loss = agg_loss(distill_loss_tokens(logprobs, mb.teacher_logprobs, a.distill_estimator), mask, a.agg,
-                          norm=norm)
-        loss = loss + a.distill_coef * d_loss
-        per_update["distill/kl_loss"] = float(d_loss.detach())
-    if a.entropy_coef != 0:
-        ent_loss = agg_loss(entropy, mask, a.agg, norm=norm)
-        loss = loss - a.entropy_coef * ent_loss
-        per_update["actor/entropy_loss"] = float(ent_loss.detach())
-    if sft_norm is not None and sft_norm.num_tokens > 0:
-        sft = agg_loss(-logprobs, correct_mask(mb, a.sft_correct_score), a.agg, norm=sft_norm)
-        loss = loss + a.sft_coef * sft
-        per_update["actor/sft_loss"] = float(sft.detach())
-    weighted = {f"actor/{k}": v for k, v in out.metrics.items()} | corr_metrics
-    if first:  # mean |exp(logprobs - rollout_logprobs) - 1|: the first_ratio guard's measure
-        weighted[FIRST_RATIO_METRIC] = ratio_deviation(logprobs, mb.rollout_logprobs, mask)
-    if fused:  # what the skipped pass would have reported
-        n = mask.sum().clamp(min=1.0)
-        weighted["actor/entropy"] = float((entropy.detach() * mask).sum() / n)
-        weighted["rollout/logprob_abs_diff"] = float(((mb.rollout_logprobs - old_logprobs).abs() * mask).sum() / n)
-    return loss, per_update, weighted
+    return out, {f"actor/{k}": v for k, v in out.metrics.items()} | corr_metrics
 
 
 def update_critic(opts: UpdateOptions, critic, batch: TrainBatch, optimizer, scheduler, *, step: int,

@@ -47,9 +47,11 @@ from credo.rewards.shaping import overlong_penalty
 from credo.methods.attnrl.config import TreeCollectorConfig
 from credo.methods.attnrl.fci import fci_forward
 from credo.collect.base import CollectorNeeds
+from credo.collect.registry import COLLECTORS, CollectorInputs
 from credo.collect.group import Rollouts, StreamingScorer
 from credo.train.stats import Timer
 from credo.train.stats import rollout_metrics
+from credo.recipes.step import ESTIMATOR_INPUTS
 from credo.types import RewardResult, SamplingParams, Trajectory
 
 
@@ -375,3 +377,15 @@ def _shape(opts: TreeOptions, traj: Trajectory, result: RewardResult) -> RewardR
 
 __all__ = ["Branch", "Problem", "TreeCollector", "TreeOptions", "build_trees", "collect_tree_rollouts", "fci_model",
            "filter_trees", "plan_branches"]
+
+
+# ----------------------------------------------------------------------------- registrations (the step's extension points)
+
+@COLLECTORS.register("tree")
+def _build_tree_collector(x: CollectorInputs) -> TreeCollector:
+    """``rollout.collector.type=tree``."""
+    return TreeCollector(TreeOptions.of(x.cfg), x.engine, x.runner_for, x.sampler, x.model, x.tokenizer)
+
+
+# the tree estimator's input: each row's TreePath, carried in its trajectory's info
+ESTIMATOR_INPUTS.add("tree_paths", lambda x: [t.info["tree_path"] for t in x.rollouts.trajs])

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from credo.collect.base import Collector, CollectorNeeds
+from credo.collect.registry import COLLECTOR_WRAPPERS, CollectorInputs
 from credo.collect.group import Rollouts, noised_frac
 from credo.methods.rlep.recipe import collect_at_start, open_replay, replay_step
 
@@ -61,3 +62,13 @@ class ReplayCollector:
         if self.pool is not None and state.get("replay"):
             self.pool.load_state_dict(state["replay"])
 
+
+
+@COLLECTOR_WRAPPERS.register("replay")
+def _wrap_replay(x: CollectorInputs, inner: Collector) -> Collector:
+    """``replay`` set (RLEP): the collector's groups mixed with replayed answers (the config loader allows it with
+    single-turn group collection only)."""
+    if x.cfg.replay is None:
+        return inner
+    return ReplayCollector(inner, x.cfg, run_dir=x.run_dir, tokenizer=x.tokenizer, runner_for=x.runner_for,
+                           engine=x.engine, runner=x.runner, data=x.data)

@@ -25,12 +25,12 @@ from credo.models.tokenizer import encode_prompt
 from credo.train.batch import collate
 from credo.train.forward import (ForwardOptions, _lm_head, _pad_to, _scatter, in_forward, response_hidden,
                                  response_logits, trim)
-from credo.methods.vepo.grounding import example_spans, get_perturbation, perturbation_rng
+from credo.methods.vepo.grounding import example_spans, get_perturbation, perturbation_rng, prompt_offset
 from credo.methods.vepo.image import perturb_images
 from credo.models.vision import normalize_pixels, raw_pixels
 from credo.train.packing import valid_responses
 from credo.train.stats import Timer
-from credo.train.token_select import SelectorNeeds
+from credo.train.transforms import BATCH_TRANSFORMS, BuildContext, StepIO
 from credo.types import RewardResult, TrainBatch, Trajectory
 
 
@@ -213,9 +213,7 @@ class VepoSelector:
     """``token_select.type=vepo``: gradient credit only for the grounding-sensitive tokens, from a second no-grad
     forward of ``model`` with each prompt's grounding span perturbed (:func:`vepo_step`), at the batch's sampling
     temperature. The selection is made from the behaviour policy before the update, so the step keeps its separate
-    old-log-prob pass."""
-
-    needs = SelectorNeeds(old_logprob_pass=True)
+    old-log-prob pass (:class:`VepoTokens` reads ``old_logprobs``)."""
 
     def __init__(self, v, model, tokenizer, *, seed: int, offset: int, micro_batch_size: int | None,
                  opts: ForwardOptions) -> None:
@@ -230,3 +228,28 @@ class VepoSelector:
                                           opts=self.opts, offset=self.offset)
         metrics.update(vepo_metrics)
         return out
+
+
+@dataclass(frozen=True)
+class VepoTokens:
+    """``token_select.type=vepo`` as a batch transform of the ``policy`` phase (the policy update's view)."""
+
+    selector: VepoSelector
+    name: str = "vepo_tokens"
+    phase: str = "policy"
+    order: int = 10
+    reads: tuple[str, ...] = ("old_logprobs",)
+    writes: tuple[str, ...] = ("response_mask", "advantages")
+
+    def __call__(self, batch: TrainBatch, rewards, io: StepIO):
+        return self.selector.select(batch, io.trajs, io.metrics, io.timer, step=io.step), rewards
+
+
+@BATCH_TRANSFORMS.register("vepo_tokens")
+def _vepo_tokens(ctx: BuildContext) -> VepoTokens | None:
+    cfg = ctx.cfg
+    if cfg.token_select.type != "vepo":
+        return None
+    offset = prompt_offset(cfg.task.prompt_template, chat=cfg.task.chat_template, tokenizer=ctx.tokenizer)
+    return VepoTokens(VepoSelector(cfg.token_select, ctx.model, ctx.tokenizer, seed=cfg.seed, offset=offset,
+                                   micro_batch_size=cfg.train.micro_batch_size, opts=ForwardOptions.of(cfg)))

@@ -1,0 +1,54 @@
+"""The collector extension point: ``rollout.collector.type`` -> a builder, and collector wrappers (a method that
+mixes its rows into another collector's, e.g. RLEP's replay), each registered once by the package that owns it.
+
+    @COLLECTORS.register("my_collector")            # with its config dataclass registered as the option of
+    def build(x: CollectorInputs) -> Collector: ... # rollout.collector (credo.config.fields.register_choice)
+
+    @COLLECTOR_WRAPPERS.register("my_wrapper")      # returns ``inner`` unchanged when its config leaves it off
+    def wrap(x: CollectorInputs, inner: Collector) -> Collector: ...
+
+Built-ins: ``group`` and ``agent`` (credo.collect.builtin), ``tree`` (AttnRL, credo.methods.attnrl.collector) and
+the ``replay`` wrapper (RLEP, credo.methods.rlep.collector), found by module name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from credo.collect.base import Collector
+from credo.registry import Registry
+
+
+@dataclass(frozen=True)
+class CollectorInputs:
+    """What a collector may be built from (each builder takes what it uses)."""
+
+    cfg: Any  # the RunConfig
+    engine: Any
+    runner: Any  # the verifier runner (None for agent runs and on Ray follower ranks)
+    model: Any  # the policy
+    tokenizer: Any
+    data: Any  # TaskData
+    sampler: Any  # the prompt sampler (this rank's share when rollouts are sharded)
+    run_dir: Path
+    guards: Any = None  # the run's credo.guards.Guards (the agent collector checks tool_calls / env_failures)
+    runner_for: Callable[[int], Any] | None = None  # step -> the runner scoring its training rollouts (reward noise)
+
+
+COLLECTORS: Registry[Callable[[CollectorInputs], Collector]] = Registry(
+    "collector", builtins=("credo.collect.builtin", "credo.methods.attnrl.collector"))
+COLLECTOR_WRAPPERS: Registry[Callable[[CollectorInputs, Collector], Collector]] = Registry(
+    "collector wrapper", builtins=("credo.methods.rlep.collector",))
+
+
+def build_collector(x: CollectorInputs) -> Collector:
+    """``rollout.collector.type``'s collector, passed through every registered wrapper (in name order)."""
+    kind = x.cfg.rollout.collector.type
+    if kind not in COLLECTORS:
+        raise NotImplementedError(f"rollout.collector.type={kind}: a config option without a collector; register "
+                                  f"a builder with credo.collect.registry.COLLECTORS (docs/extending.md)")
+    collector = COLLECTORS.get(kind)(x)
+    for _, wrap in COLLECTOR_WRAPPERS.items():
+        collector = wrap(x, collector)
+    return collector

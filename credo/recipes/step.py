@@ -1,0 +1,269 @@
+"""The RL step, in reading order. Every stage is one visible call; each stage function says what it reads and
+writes. Which collector, estimator, loss, terms and transforms run is configuration, built once
+(credo/recipes/stages.py); this file never names a method.
+
+     1. sync weights    the rollout engine serves the policy the previous steps trained, as version ``step``
+     2. collect         the collector's rollouts (groups, trees, agent episodes, replayed answers)
+     3. collate         rollouts -> TrainBatch
+     4. forward passes  old log-probs (unless fused into the update), critic values, reference log-probs
+     5. rewards         the collector's rewards, then the ``rewards`` transforms (KL in the reward, ...)
+     6. advantages      the estimator, then the ``advantages`` transforms
+     7. critic update
+     8. token selection the ``policy`` transforms: the batch the policy update sees
+     9. policy update   the policy loss plus the loss terms (credo.train.loss_terms)
+    10. metrics         the step's row (and the rollouts' dump when due)
+
+Which passes run is derived from declarations (credo.train.plan): nothing here tests for a method.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from credo.algo import advantage_accepts, compute_advantages, masked_mean
+from credo.algo.advantages import discounted_returns, explained_variance, token_rewards
+from credo.algo.rollout_correction import rollout_is_weights
+from credo.guards.logprobs import check_behaviour_logprobs, check_first_ratio
+from credo.models.lora import adapters_disabled, is_lora
+from credo.registry import Registry
+from credo.tracking.dump import rollout_records
+from credo.train.batch import collate
+from credo.train.flow_targets import CriticPassOptions, critic_pass
+from credo.train.forward import ForwardOptions, batched_logprobs
+from credo.train.stats import Timer
+from credo.train.transforms import StepIO, kl_metric, run_phase
+from credo.train.update import UpdateOptions, rollout_correction_mode, update_critic, update_policy
+from credo.types import AdvantageOutput, SamplingParams, TrainBatch
+
+
+def rl_step(cfg, parts, state, *, step: int) -> dict[str, float]:
+    """One RL step (the module docstring's stages); returns its metrics row."""
+    timer = Timer()
+    with timer("step"):
+        parts.rollout.sync_weights(step, timer)                                    # 1. sync weights
+        rollouts = parts.rollout.collect(step, timer)                              # 2. collect
+        io = StepIO(metrics=rollouts.metrics, timer=timer, step=step, trajs=rollouts.trajs)
+        if not rollouts.trajs:  # every group was filtered out: nothing to learn from this step
+            return io.metrics | timer.metrics() | parts.guards.metrics() | {"train/skipped_step": 1}
+        batch = collate_rollouts(parts, rollouts)                                  # 3. collate
+        fused = parts.plan.fused(batch_size=batch.batch_size, ppo_epochs=cfg.train.ppo_epochs,
+                                 mini_batch_size=cfg.train.mini_batch_size, mode=cfg.train.old_logprob_pass)
+        token_stats = {} if fused else old_logprob_pass(cfg, parts, batch, io, state)  # 4. forward passes
+        critic_values(cfg, parts, batch, io)
+        reference_pass(cfg, parts, batch, io)
+        rewards = parts.collector.rewards(batch, rollouts.trajs)                   # 5. rewards
+        batch, rewards = run_phase(parts.transforms, "rewards", batch, rewards, io)
+        adv = advantages(cfg, parts, batch, rollouts, rewards, token_stats, state, io)  # 6. advantages
+        batch, _ = run_phase(parts.transforms, "advantages", batch, None, io)
+        opts = UpdateOptions.of(cfg)
+        critic_update(opts, parts, batch, io)                                      # 7. critic update
+        if step >= cfg.critic.warmup_steps or parts.critic is None:  # the critic's warm-up trains it alone
+            policy_batch, _ = run_phase(parts.transforms, "policy", batch, None, io)  # 8. token selection
+            policy_update(opts, parts, state, policy_batch, io, fused=fused)       # 9. policy update
+    io.metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step)
+                      | parts.guards.metrics())                                    # 10. metrics
+    dump_rollouts(cfg, parts, batch, rollouts, step=step)
+    return io.metrics
+
+
+# ------------------------------------------------------------------------------------------------- 3. collate
+
+def collate_rollouts(parts, rollouts) -> TrainBatch:
+    """Reads the rollouts (trajectories, results, sampling); writes a new TrainBatch (rollout log-probs, scores,
+    masks, the sampled flags and images as extras). Checks the behaviour log-probs (guard finite_logprobs)."""
+    batch = collate(rollouts.trajs, rollouts.results, pad_id=parts.tokenizer.pad_token_id,
+                    temperature=rollouts.sampling.temperature)
+    check_behaviour_logprobs(parts.guards, batch)  # before any pass reads the batch
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------- 4. passes
+
+def old_logprob_pass(cfg, parts, batch: TrainBatch, io: StepIO, state) -> dict[str, torch.Tensor]:
+    """The no-grad pass of the policy that collected. Reads the batch; writes ``old_logprobs``, ``entropy``, the
+    entropy history and ``rollout/logprob_abs_diff``; rows the engine did not sample (extra ``sampled`` False, e.g.
+    answers from a pool) take these log-probs as their ``rollout_logprobs``. Returns the token statistics the
+    estimator reads (``parts.plan.pass_stats``)."""
+    with io.timer("old_logprob"):
+        stats = ("entropy",) + parts.plan.pass_stats
+        batch.old_logprobs, token_stats = batched_logprobs(
+            parts.model, batch, micro_batch_size=cfg.train.micro_batch_size,
+            micro_batch_tokens=cfg.train.micro_batch_tokens, temperature=batch.temperature, stats=stats,
+            opts=ForwardOptions.of(cfg))
+        batch.entropy = token_stats["entropy"]
+    state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
+    unsampled = ~batch.sampled
+    batch.rollout_logprobs[unsampled] = batch.old_logprobs[unsampled]
+    # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 on-policy, the policy lag's
+    # effect in one-step-off mode
+    io.metrics["rollout/logprob_abs_diff"] = float(masked_mean((batch.rollout_logprobs - batch.old_logprobs).abs(),
+                                                               batch.response_mask))
+    if cfg.rollout.one_step_off and cfg.rollout.off_policy_ratio == "behaviour":
+        batch.old_logprobs = batch.rollout_logprobs  # the PPO ratio against the policy that generated
+    return token_stats
+
+
+def critic_values(cfg, parts, batch: TrainBatch, io: StepIO) -> None:
+    """With a critic: reads the batch; writes ``values`` (and the critic loss's targets, e.g. a flow critic's)."""
+    if parts.critic is None:
+        return
+    with io.timer("values"):
+        critic_pass(CriticPassOptions.of(cfg), parts.critic, batch, step=io.step)
+
+
+def reference_pass(cfg, parts, batch: TrainBatch, io: StepIO) -> None:
+    """With a frozen reference (``parts.plan.reference``): reads the batch and ``old_logprobs``; writes
+    ``ref_logprobs``, ``ref_entropy`` when something reads it, and ``actor/kl``. A LoRA policy is its own reference,
+    run with its adapters disabled."""
+    if parts.ref_model is None:
+        return
+    ref = parts.ref_model
+    with io.timer("ref"), adapters_disabled(ref) if is_lora(ref) else contextlib.nullcontext():
+        batch.ref_logprobs, stats = batched_logprobs(
+            ref, batch, micro_batch_size=cfg.train.micro_batch_size, micro_batch_tokens=cfg.train.micro_batch_tokens,
+            temperature=batch.temperature, stats=("entropy",) if parts.plan.ref_entropy else (),
+            opts=ForwardOptions.of(cfg))
+        batch.ref_entropy = stats.get("entropy")
+    io.metrics["actor/kl"] = kl_metric(batch, cfg.algo.kl_estimator)
+
+
+# ------------------------------------------------------------------------------------------------- 6. advantages
+
+def advantages(cfg, parts, batch: TrainBatch, rollouts, rewards: torch.Tensor, token_stats: dict, state,
+               io: StepIO) -> AdvantageOutput:
+    """The configured estimator. Reads ``rewards`` ((B,) scores or (B, T) token rewards) and the optional inputs it
+    declares (:data:`ESTIMATOR_INPUTS`); writes ``advantages``, ``returns`` (and return quantiles) and the extra
+    ``token_rewards``. A critic the estimator does not read learns the undiscounted returns."""
+    a = cfg.algo
+    with io.timer("adv"):
+        x = InputContext(cfg, parts, batch, rollouts, token_stats, state, io.timer)
+        inputs = {name: ESTIMATOR_INPUTS.get(name)(x) for name in parts.plan.estimator_inputs}
+        inputs |= rollout_weights(cfg, batch)
+        adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
+                                 response_mask=batch.response_mask, **inputs, **a.advantage_args)
+        batch.advantages, batch.returns, batch.return_quantiles = adv.advantages, adv.returns, adv.return_quantiles
+        batch.token_rewards = token_rewards(rewards, batch.response_mask)  # r_t, for critic losses that bootstrap
+        if parts.critic is not None and not {"values", "value_quantiles"} & set(parts.plan.estimator_inputs):
+            batch.returns = discounted_returns(rewards, batch.response_mask, 1.0)
+    return adv
+
+
+@dataclass(frozen=True)
+class InputContext:
+    """What an estimator input's provider may read."""
+
+    cfg: Any
+    parts: Any
+    batch: TrainBatch
+    rollouts: Any
+    token_stats: dict[str, torch.Tensor]
+    state: Any
+    timer: Timer
+
+
+# estimator input name -> provider; a method whose estimator reads a new input registers its provider here
+# (AttnRL's tree_paths: credo.methods.attnrl)
+ESTIMATOR_INPUTS: Registry[Callable[[InputContext], Any]] = Registry(
+    "estimator input", builtins=("credo.methods.attnrl.collector",))
+ESTIMATOR_INPUTS.add("values", lambda x: x.batch.values)
+ESTIMATOR_INPUTS.add("value_quantiles", lambda x: x.batch.value_quantiles)
+ESTIMATOR_INPUTS.add("entropy_direction", lambda x: x.token_stats["entropy_direction"])
+ESTIMATOR_INPUTS.add("sum_pi_squared", lambda x: x.token_stats["sum_pi_squared"])
+ESTIMATOR_INPUTS.add("old_logprobs", lambda x: x.batch.old_logprobs)
+ESTIMATOR_INPUTS.add("entropy_history", lambda x: list(x.state.entropy_history))
+
+
+@ESTIMATOR_INPUTS.register("reward_components")
+def reward_components(x: InputContext) -> dict[str, torch.Tensor]:
+    """name -> (B,) score of each reward component every row's result names (``info["components"]``: the
+    ``reward.mix`` components, or the extra numeric keys of a verifier that returns a dict), in the first row's
+    order; {} when some row has none."""
+    comps = [r.info.get("components") or {} for r in x.rollouts.results]
+    names = [n for n in (comps[0] if comps else {}) if all(n in c for c in comps)]
+    return {n: torch.tensor([float(c[n]) for c in comps]) for n in names}
+
+
+@ESTIMATOR_INPUTS.register("reward_baselines")
+def greedy_baselines(x: InputContext) -> torch.Tensor:
+    """ReMax baseline: the score of one greedy response per prompt, repeated over the prompt's samples (generated
+    and scored by the leader's engine and runner)."""
+    rollout, trajs = x.parts.rollout, x.rollouts.trajs
+    first = {}
+    for t in trajs:
+        first.setdefault(t.group_id, t.example)
+
+    def leader() -> list[float]:
+        rollout.idle()  # one engine call at a time
+        greedy = rollout.engine.generate(list(first.values()), 1, SamplingParams(
+            greedy=True, max_new_tokens=x.cfg.rollout.max_new_tokens))
+        return [r.score for r in rollout.runner.score([g.response_text for g in greedy], [g.example for g in greedy])]
+
+    with x.timer("gen_baseline"):
+        scores = rollout.leader(leader)
+    by_group = dict(zip(first, scores))
+    return torch.tensor([by_group[t.group_id] for t in trajs], dtype=torch.float32)
+
+
+def rollout_weights(cfg, batch: TrainBatch) -> dict[str, torch.Tensor]:
+    """{"rollout_is_weights": (B, T)} for an estimator that accepts them (the Optimal Token Baseline scales its
+    energy by w^2), when ``algo.rollout_correction`` is on and the old-log-prob pass ran; {} otherwise."""
+    mode = rollout_correction_mode(cfg)
+    if "rollout_is_weights" not in advantage_accepts(cfg.algo.advantage) or mode == "none" \
+            or batch.old_logprobs is None:
+        return {}
+    weights, _ = rollout_is_weights(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, mode=mode,
+                                    low=cfg.algo.rollout_is_low, high=cfg.algo.rollout_is_high)
+    return {"rollout_is_weights": weights}
+
+
+# ------------------------------------------------------------------------------------------------- 7.-9. updates
+
+def critic_update(opts: UpdateOptions, parts, batch: TrainBatch, io: StepIO) -> None:
+    """With a critic: reads ``returns`` (and its loss's targets); updates the critic; writes ``critic/*``."""
+    if parts.critic is None:
+        return
+    with io.timer("update_critic"):
+        io.metrics.update(update_critic(opts, parts.critic, batch, parts.critic_optimizer, parts.critic_scheduler,
+                                        step=io.step, dp=parts.dp))
+
+
+def policy_update(opts: UpdateOptions, parts, state, batch: TrainBatch, io: StepIO, *, fused: bool) -> None:
+    """Reads ``advantages``, ``old_logprobs`` (or, fused, the update's own detached log-probs) and what the loss
+    terms read; updates the policy; writes ``actor/*`` and checks the first ratio (guard first_ratio)."""
+    with io.timer("update"):
+        io.metrics.update(update_policy(opts, parts.model, batch, parts.optimizer, parts.scheduler, step=io.step,
+                                        dp=parts.dp))
+    check_first_ratio(parts.guards, io.metrics, io.trajs, step=io.step)  # on-policy: ratio 1 against the sampler
+    if fused and "actor/entropy" in io.metrics:  # absent when every row had zero advantage (skipped)
+        state.entropy_history.append(io.metrics["actor/entropy"])
+
+
+# ------------------------------------------------------------------------------------------------- 10. metrics
+
+def step_metrics(batch: TrainBatch, trajs, timer: Timer, *, step: int) -> dict[str, float]:
+    """Reads the batch and the timer; the step's throughput, advantage, policy-lag, entropy and critic metrics."""
+    n_resp = float(batch.response_mask.sum())
+    n_total = n_resp + sum(len(t.prompt_ids) for t in trajs)
+    out = {"advantages/abs_mean": float(masked_mean(batch.advantages.abs(), batch.response_mask)),
+           "perf/tokens_per_s": n_total / max(timer.seconds["step"], 1e-9),
+           "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp}
+    versions = [t.policy_version for t in trajs]
+    out["rollout/policy_version"] = sum(versions) / len(versions)
+    out["rollout/policy_lag"] = step - min(versions)  # optimizer steps between the sampler's policy and the trainer's
+    if batch.old_logprobs is not None:  # else the update reported it (old-log-prob pass fused into it)
+        out["actor/entropy"] = float(masked_mean(batch.entropy, batch.response_mask))
+    if batch.values is not None:
+        out["critic/vf_explained_var"] = explained_variance(batch.returns, batch.values, batch.response_mask)
+        out["critic/values_mean"] = float(masked_mean(batch.values, batch.response_mask))
+    return out
+
+
+def dump_rollouts(cfg, parts, batch: TrainBatch, rollouts, *, step: int) -> None:
+    """Every ``log.rollouts_every`` steps: the step's rollouts to rollouts.jsonl."""
+    every = cfg.log.rollouts_every
+    if every and (step + 1) % every == 0:
+        for row in rollout_records(batch, rollouts.trajs, rollouts.results, parts.tokenizer):
+            parts.logger.log_record(step + 1, row, file="rollouts.jsonl")
