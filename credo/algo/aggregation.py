@@ -1,6 +1,7 @@
 """Loss aggregation: reduce a per-token loss matrix to a scalar.
 
-Modes (``baselines.md`` §3; ``m`` = response mask, ``|y_i| = sum_t m_it``):
+Modes (docs/algorithms/recipe_pieces.md#ppo-epochs-mini-batches-micro-batches-and-exact-aggregation;
+``m`` = response mask, ``|y_i| = sum_t m_it``):
 
     token-mean               sum_it m L / N                          N = loss tokens in the mini-batch
     seq-mean-token-sum       sum_i [|y_i|>0] sum_t m L / B           B = non-empty sequences in the mini-batch

@@ -7,16 +7,17 @@
 Each returns a per-token loss (B, T); :func:`compute_critic_loss` aggregates it with the policy's aggregation
 and mini-batch normalisers (so micro-batch losses sum to the mini-batch loss).
 
-- ``clipped_mse``: PPO's clipped value regression (verl ``compute_value_loss``).
-- ``dvpo``: DVPO's distributional critic, the weighted sum of its terms (:mod:`credo.algo.dvpo`); needs a
-  ``quantile`` head and the distributional GAE's quantile targets (``algo.advantage=dvpo``).
-- ``vrpo``: VRPO [paper, secondary; derived reading, ``seed-algorithms.md`` §15]: the clipped value regression on a
+- ``clipped_mse``: PPO's clipped value regression (verl ``compute_value_loss``; docs/algorithms/gae.md).
+- ``dvpo``: DVPO's distributional critic (docs/algorithms/dvpo.md), the weighted sum of its terms
+  (:mod:`credo.algo.dvpo`); needs a ``quantile`` head and the distributional GAE's quantile targets
+  (``algo.advantage=dvpo``).
+- ``vrpo``: VRPO [paper, secondary; derived reading, docs/algorithms/vrpo.md]: the clipped value regression on a
   ``vib`` head's bottleneck ``z`` plus ``vib_beta * KL(q(z|h) || N(0, I))``, guided by a frozen LM (the
   reference policy): per-token statistics ``x_t`` (the frozen LM's entropy, or its surprisal ``-log p(y_t)``, the
   log of a per-token perplexity), normalised per response to mean 1, either **re-weight** the value regression
   (``aux_mode=weight``: ``w_t = 1 - aux_coef + aux_coef * min(x_t / mean(x), weight_max)``) or are **targets** of
   the auxiliary head (``aux_mode=target``: ``+ aux_coef * (aux_t - x_t / mean(x))^2``); ``none`` = the VIB alone.
-- ``dfpo``: DFPO's value-flow critic [derived, ``seed-additions.md`` §A.3]: uncertainty-weighted bootstrapped and
+- ``dfpo``: DFPO's value-flow critic [derived, docs/algorithms/dfpo.md]: uncertainty-weighted bootstrapped and
   distributional conditional flow matching (Value Flows' BCFM / DCFM) on a ``flow`` head plus DVPO's tail terms on
   its multi-step quantiles (:mod:`credo.algo.dfpo`); its targets come from the flow target pass
   (:mod:`credo.train.flow_targets`, which reads this loss's pass hyperparameters too).
@@ -50,7 +51,10 @@ def clipped_sq_error(values: torch.Tensor, old_values: torch.Tensor, returns: to
 
 @register_critic_loss("clipped_mse")
 def clipped_mse(*, values, old_values, returns, response_mask, cliprange_value: float = 0.5) -> TokenLoss:
-    """L_t = 1/2 max((V_t - Ret_t)^2, (clip(V_t, V_old - k, V_old + k) - Ret_t)^2), k = cliprange_value."""
+    """L_t = 1/2 max((V_t - Ret_t)^2, (clip(V_t, V_old - k, V_old + k) - Ret_t)^2), k = cliprange_value.
+
+    PPO's clipped value regression, verl ``compute_value_loss`` (docs/algorithms/gae.md).
+    """
     loss, clipped = clipped_sq_error(values, old_values, returns, cliprange_value)  # (B, T)
     return TokenLoss(loss=loss, token_metrics={"vf_clipfrac": clipped.float(), "vpred_mean": values.detach()})
 
@@ -64,7 +68,12 @@ def dvpo_loss(*, values, response_mask, quantiles, return_quantiles, kappa: floa
     """DVPO Eq. 11: the sum of the weighted terms of :func:`credo.algo.dvpo.dvpo_critic_terms` per token
     (quantile-Huber with risk weights, lower-tail CVaR, upper-tail gain, mean shift, tail shape, tail curvature,
     head consistency); a coefficient of 0 switches its term off. ``tail_curvature``: Eq. 9's second differences
-    inside each tail (``in_tail``) or over the whole quantile axis as the authors' port (``whole_axis``)."""
+    inside each tail (``in_tail``) or over the whole quantile axis as the authors' port (``whole_axis``).
+
+    L_t = qr_coef L_QR + cvar_coef L_cvar + upper_coef L_up + mean_shift_coef L_ms + tail_shape_coef L_shape
+          + curvature_coef L_curv + consistency_coef L_cons
+    L_QR = mean_ij |tau_i - 1[y_j < q_i]| rho_kappa(y_j - q_i)   (each term's formula: docs/algorithms/dvpo.md).
+    """
     from credo.algo.dvpo import dvpo_critic_terms
 
     weights = {"qr": qr_coef, "cvar": cvar_coef, "upper": upper_coef, "mean_shift": mean_shift_coef,
@@ -99,7 +108,12 @@ def frozen_lm_signal(stat: torch.Tensor, response_mask: torch.Tensor) -> torch.T
 def vrpo_loss(*, values, old_values, returns, response_mask, kl=None, aux=None, ref_entropy=None, ref_logprobs=None,
               cliprange_value: float = 0.5, vib_beta: float = 1e-3, aux_mode: str = "weight",
               aux_source: str = "entropy", aux_coef: float = 0.5, weight_max: float = 3.0) -> TokenLoss:
-    """VRPO reading (module docstring): w_t * L_clip,t + vib_beta * KL_t [+ aux_coef * (aux_t - x_t)^2]."""
+    """VRPO reading (module docstring): w_t * L_clip,t + vib_beta * KL_t [+ aux_coef * (aux_t - x_t)^2].
+
+    weight: L_t = w_t L_clip,t + vib_beta KL_t,  w_t = 1 - aux_coef + aux_coef min(x_t, weight_max)
+    target: L_t = L_clip,t + aux_coef (aux_t - x_t)^2 + vib_beta KL_t;   none: L_t = L_clip,t + vib_beta KL_t
+    L_clip,t = 1/2 max((V_t - Ret_t)^2, (clip(V_t, V_old - k, V_old + k) - Ret_t)^2) (docs/algorithms/vrpo.md).
+    """
     _vrpo_needs({"aux_mode": aux_mode, "aux_source": aux_source})  # validates both
     mse, clipped = clipped_sq_error(values, old_values, returns, cliprange_value)  # (B, T)
     metrics = {"vf_clipfrac": clipped.float(), "vpred_mean": values.detach(), "vib_kl": kl.detach()}
@@ -132,9 +146,14 @@ def dfpo_loss(*, values, response_mask, flow=None, flow_targets=None, flow_weigh
               dcfm_gamma_scale: bool = False, uw: str = "up", uw_temp: float = 0.3, uw_std: str = "jacobian",
               jacobian: str = "jvp", ret_agg: str = "mean", q_agg: str = "mean", target: str = "old") -> TokenLoss:
     """DFPO (module docstring; :func:`credo.algo.dfpo.dfpo_critic_terms`): w_t (bcfm_coef BCFM + dcfm_coef m_t DCFM)
-    + geo_coef L^geo + DVPO's tail terms on the flow quantiles. ``samples`` .. ``target`` are read by the flow
-    target pass (:class:`credo.train.flow_targets.FlowPassOptions`); ``target: old`` (the critic at the start of
-    the step) is the one implemented."""
+    + geo_coef L^geo + DVPO's tail terms on the flow quantiles.
+
+    L_t = w_t (bcfm_coef L^B_t + dcfm_coef m_t L^D_t) + geo_coef L^geo_t + cvar_coef L^cvar_t + upper_coef L^up_t
+          + tail_shape_coef L^tail_t [+ mean shift, curvature, consistency]   (docs/algorithms/dfpo.md).
+
+    ``samples`` .. ``target`` are read by the flow target pass (:class:`credo.train.flow_targets.FlowPassOptions`);
+    ``target: old`` (the critic at the start of the step) is the one implemented.
+    """
     from credo.algo.dfpo import dfpo_critic_terms, next_loss_index
 
     if target != "old":

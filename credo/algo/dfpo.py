@@ -1,6 +1,6 @@
 """DFPO's distributional value-flow critic: Euler maps, readouts, targets and per-token loss terms
-(``shared/spec/seed-additions.md`` §A.3, a [derived] reading of DFPO, arXiv 2602.05890, through Value Flows' public
-code ``chongyi-zheng/value-flows`` @0183335 ``agents/value_flows.py`` plus DVPO's tail terms; docs/algorithms/dfpo.md).
+(docs/algorithms/dfpo.md: a [derived] reading of DFPO, arXiv 2602.05890, through Value Flows' public code
+``chongyi-zheng/value-flows`` @0183335 ``agents/value_flows.py`` plus DVPO's tail terms).
 
 Notation: ``v(z, tau)`` is a velocity field over virtual time tau in [0, 1] (the flow head at one state, or several
 states at once: every function here broadcasts ``v`` over whatever leading shape ``z`` has); eps ~ N(0, 1) is the
@@ -178,7 +178,7 @@ def cvar_readout(quantiles: torch.Tensor, alpha: float) -> torch.Tensor:
     return quantiles[..., : tail_size(alpha, quantiles.shape[-1])].mean(-1)
 
 
-# Per-token critic loss terms and their default coefficients (0 switches a term off; seed-additions.md §A.3 table)
+# Per-token critic loss terms and their default coefficients (0 switches a term off; docs/algorithms/dfpo.md, Defaults)
 DFPO_TERMS: dict[str, float] = {"bcfm": 1.0, "dcfm": 1.0, "geo": 0.0, "cvar": 1.0, "upper": 1.0, "tail_shape": 1.0,
                                 "mean_shift": 0.0, "curvature": 0.0, "consistency": 0.0}
 TAIL_TERMS = ("cvar", "upper", "tail_shape", "mean_shift", "curvature", "consistency")

@@ -1,4 +1,4 @@
-"""DVPO's distributional critic: per-token loss terms and distributional GAE (``seed-algorithms.md`` §13).
+"""DVPO's distributional critic: per-token loss terms and distributional GAE (docs/algorithms/dvpo.md).
 
 N heads x M quantiles, tau_j = j / M (j = 1..M); q = (1/N) sum_h q^(h) is the head mean; y are the quantile
 targets (``distributional_gae``'s q + A). Sources: arXiv 2512.03847 (Eqs. 2-11) and the unofficial port

@@ -1,4 +1,5 @@
-"""KL estimators between the policy and a frozen reference (``baselines.md`` §4.1).
+"""KL estimators between the policy and a frozen reference
+(docs/algorithms/recipe_pieces.md#kl-against-a-frozen-reference-in-the-loss-or-in-the-reward).
 
 With ``x = logprobs - ref_logprobs`` per token:
 
@@ -9,8 +10,8 @@ With ``x = logprobs - ref_logprobs`` per token:
 
 A ``+`` suffix (``k1+``, ``k3+``) is the straight-through variant: the value of the named estimator
 with the gradient of k2, ``sg[fwd] + k2 - sg[k2]``. The suffix is stripped before the estimator is
-looked up (verl 0.9.1's ``kl_penalty`` strips it too; the spec's reference b178a3cd56f5 passed it through and
-failed: see its hazard note).
+looked up (verl 0.9.1's ``kl_penalty`` strips it too; verl b178a3cd56f5 passed it through and failed, a
+hazard that page notes).
 """
 from __future__ import annotations
 

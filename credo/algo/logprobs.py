@@ -32,7 +32,7 @@ def entropy_direction_from_logits(logits: torch.Tensor, labels: torch.Tensor) ->
 
     With pi = softmax(z), H its entropy and k the sampled token, a logit step dz = eta A (e_k - pi)
     changes the entropy by dH ~= -eta A (S_k - C), where S_k = pi_k (log pi_k + H) and
-    C = sum_j pi_j^2 (log pi_j + H) = E_{j~pi}[S_j] (``seed-algorithms.md`` §10, PAPO, [derived]).
+    C = sum_j pi_j^2 (log pi_j + H) = E_{j~pi}[S_j] (docs/algorithms/papo.md, [derived]).
     The entropy polarity of a token with advantage A is P = -A D: P > 0 predicts entropy expansion.
     """
     logits = _upcast(logits)

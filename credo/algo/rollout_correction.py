@@ -1,4 +1,5 @@
-"""Rollout correction: importance weights for the training-inference mismatch (``baselines.md`` §8).
+"""Rollout correction: importance weights for the training-inference mismatch
+(docs/algorithms/recipe_pieces.md#rollout-correction).
 
 The rollout engine samples from pi_roll (vLLM's kernels, another precision, an older policy in async modes); the
 loss is computed against pi_old. Per token, w = exp(old_logprobs - rollout_logprobs); per sequence,

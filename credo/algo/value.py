@@ -1,4 +1,4 @@
-"""Critic loss (``baselines.md`` §6, verl ``compute_value_loss``)."""
+"""Critic loss (verl ``compute_value_loss``; docs/algorithms/gae.md, docs/algorithms/recipe_pieces.md#critic)."""
 from __future__ import annotations
 
 import torch

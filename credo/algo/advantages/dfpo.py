@@ -1,4 +1,4 @@
-"""DFPO's actor advantage (``algo.advantage: dfpo``; ``seed-additions.md`` §A.3 "Actor advantage", [derived]).
+"""DFPO's actor advantage (``algo.advantage: dfpo``; docs/algorithms/dfpo.md, [derived]).
 
 credo's :func:`gae` on the flow critic's old value V_bar (its single-step Euler readout), whitened as ``gae``; with
 ``risk_readout: cvar`` on CVaR_alpha of the old quantiles q_bar instead (the risk-averse reading of DFPO's
@@ -34,7 +34,10 @@ def dfpo_advantage(
 ) -> AdvantageOutput:
     """DFPO: A = gae(r, V_bar) (``risk_readout: mean``) or gae(r, CVaR_alpha(q_bar)) (``cvar``), whitened over loss
     tokens; returns = A + baseline (unwhitened); return_quantiles = q_bar + A_q (distributional GAE).
-    Defaults gamma 1.0, lam 0.95 (DVPO's script, which the spec's DFPO reading follows)."""
+    Defaults gamma 1.0, lam 0.95 (DVPO's script, which credo's DFPO reading follows).
+
+    See docs/algorithms/dfpo.md.
+    """
     if risk_readout not in RISK_READOUTS:
         raise ValueError(f"dfpo risk_readout must be mean or cvar, got {risk_readout!r}")
     base = values if risk_readout == "mean" else cvar_readout(value_quantiles, alpha) * response_mask

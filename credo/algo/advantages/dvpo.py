@@ -1,4 +1,4 @@
-"""DVPO's advantage estimator: distributional GAE over a quantile critic (``seed-algorithms.md`` §13, Eq. 2).
+"""DVPO's advantage estimator: distributional GAE over a quantile critic (docs/algorithms/dvpo.md, Eq. 2).
 
 The math is :func:`credo.algo.dvpo.distributional_gae` (credo's scalar GAE per quantile); the critic losses
 are in :mod:`credo.algo.dvpo`.
@@ -27,6 +27,7 @@ def dvpo_advantage(
     returns = mean_j of the quantile targets q + A; ``return_quantiles`` = the (B, T, M) targets.
 
     Defaults gamma = 1.0, lam = 0.95 (the port's run script). Needs a quantile critic.
+    See docs/algorithms/dvpo.md.
     """
     adv_q, targets = distributional_gae(rewards, value_quantiles, response_mask, gamma=gamma, lam=lam)  # (B, T, M)
     adv = adv_q.mean(-1)  # (B, T)

@@ -1,6 +1,6 @@
-"""EVPO: explained-variance gating between the critic (GAE) and the group baseline (``seed-algorithms.md`` §11).
+"""EVPO: explained-variance gating between the critic (GAE) and the group baseline (docs/algorithms/evpo.md).
 
-Reading implemented (the spec marks these points [derived]; each is a hyperparameter):
+Reading implemented (these points are [derived]; each is a hyperparameter):
 - EV = 1 - Var(Ret - V) / (Var(Ret) + ev_eps) over the batch's loss tokens, unbiased variances
   (verl's ``vf_explained_var``: ev_eps = 1e-5, the default; ``ev_eps=0`` is the exact ratio, and a batch whose
   returns do not vary then has EV nan or -inf, so the group baseline is used), with Ret the GAE returns;
@@ -38,7 +38,12 @@ def evpo_advantage(
     ev_eps: float = 1e-5,
     bootstrap: str = "terminal_zero",
 ) -> AdvantageOutput:
-    """Critic advantages when the critic explains the returns (EV > threshold), group baseline otherwise."""
+    """Critic advantages when the critic explains the returns (EV > threshold), group baseline otherwise.
+
+    EV = 1 - Var(Ret - V) / (Var(Ret) + ev_eps)   over the loss tokens (per batch, or per group with gate="group")
+    A  = whiten(gae(r, V; gamma, lam))  if EV > threshold,  else  (R_i - mean_g R) / (std_g R + eps)
+    returns = the GAE returns in both branches (docs/algorithms/evpo.md).
+    """
     if gate not in ("batch", "group"):
         raise ValueError(f"evpo gate must be 'batch' or 'group', got {gate!r}")
     if ev_eps < 0:

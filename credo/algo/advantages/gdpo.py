@@ -46,7 +46,9 @@ def gdpo_advantage(
     norm_std: bool = True,
     eps: float = 1e-6,
 ) -> AdvantageOutput:
-    """GDPO: sum_k w_k GRPO(r_k), whitened over the batch's loss tokens (module docstring).
+    """GDPO: sum_k w_k GRPO(r_k), whitened over the batch's loss tokens (docs/algorithms/gdpo.md).
+
+    A_k,i = (r_k,i - mean_g r_k) / (std_g r_k + eps);   A = masked_whiten(sum_k w_k A_k,i)
 
     ``reward_components`` is a required input (the trainer provides it; ``{}`` when the rewards have none); the
     function itself also takes None, as ``{}``.

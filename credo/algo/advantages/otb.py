@@ -109,6 +109,8 @@ def optimal_token_baseline_advantage(
 ) -> AdvantageOutput:
     """OTB: A_t = G_t - B_t with the energy-weighted group baseline per absolute position (module docstring).
 
+    B_t = sum_i G_t^i W_t^i m_t^i / (sum_i W_t^i m_t^i + eps);   A_t = (G_t - B_t) m_t (docs/algorithms/otb.md).
+
     verl ``compute_optimal_token_baseline_advantage``: eps 1e-8, ``handle_zero_tail`` True. Returns = G_t.
     """
     mask, returns, w, cum = _prepare(rewards, response_mask, old_logprobs, sum_pi_squared, rollout_is_weights)
@@ -132,6 +134,9 @@ def tir_optimal_token_baseline_advantage(
     epsilon: float = 1e-8,
 ) -> AdvantageOutput:
     """Multi-turn OTB: the group baseline of the k-th loss token of each trajectory (environment spans skipped).
+
+    A_t = (G_t - B_k(t)) m_t,  B_k = sum_i G_k^i W_k^i / (sum_i W_k^i + eps) over the group's rows, k(t) = the
+    index of loss token t among its row's loss tokens (docs/algorithms/otb.md).
 
     verl ``compute_multi_turn_optimal_token_baseline_advantage``: G and W are gathered onto the loss tokens
     (left-packed), the baseline is taken per packed index k, and A is scattered back. Rows without loss tokens

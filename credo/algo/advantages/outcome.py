@@ -1,4 +1,5 @@
-"""Outcome advantage estimators with group baselines (``baselines.md`` §2).
+"""Outcome advantage estimators with group baselines (docs/algorithms/README.md#advantage-estimators-algoadvantage;
+each estimator's page is cited in its docstring).
 
 Each computes one advantage per sequence from the sequence score ``R_i`` and broadcasts it:
 ``A_it = A_i * m_it``. ``rewards`` may be (B,) scores or (B, T) token rewards (summed per sequence).
@@ -25,6 +26,7 @@ def grpo_advantage(
 
     verl ``compute_grpo_outcome_advantage``: eps = 1e-6, a group of size 1 gets mean 0 and std 1.
     Returns equal the advantages.
+    See docs/algorithms/grpo.md.
     """
     rewards = sequence_scores(rewards, response_mask)
     mean, std, count = group_stats(rewards, group_ids)
@@ -44,7 +46,10 @@ def dr_grpo_advantage(
     group_ids: torch.Tensor,  # (B,)
     response_mask: torch.Tensor,  # (B, T)
 ) -> AdvantageOutput:
-    """Dr.GRPO: A_i = R_i - mean_g R (no std normalisation; pair with ``seq-mean-token-sum-norm``)."""
+    """Dr.GRPO: A_i = R_i - mean_g R (no std normalisation; pair with ``seq-mean-token-sum-norm``).
+
+    See docs/algorithms/dr_grpo.md.
+    """
     return grpo_advantage(rewards=rewards, group_ids=group_ids, response_mask=response_mask, norm_std=False)
 
 
@@ -58,6 +63,7 @@ def rloo_advantage(
     """RLOO: A_i = R_i - mean of the other G-1 rewards of the group = G/(G-1) (R_i - mean_g R).
 
     A group of size 1 gets A = R (verl ``rloo``).
+    See docs/algorithms/rloo.md.
     """
     rewards = sequence_scores(rewards, response_mask)
     mean, _, count = group_stats(rewards, group_ids)
@@ -76,7 +82,10 @@ def opo_advantage(
 ) -> AdvantageOutput:
     """OPO: length-weighted group baseline b_g = sum_j |y_j| R_j / sum_j |y_j|; A_i = R_i - b_g.
 
-    A group of size 1 gets b = 0, so A = R (verl ``opo``; as ``grpo`` and ``rloo`` treat singletons)."""
+    A group of size 1 gets b = 0, so A = R (verl ``opo``; as ``grpo`` and ``rloo`` treat singletons).
+
+    See docs/algorithms/opo.md.
+    """
     r = sequence_scores(rewards, response_mask)  # (B,)
     lengths = response_mask.to(r.dtype).sum(-1)  # (B,)
     _, inverse = torch.unique(group_ids, return_inverse=True)
@@ -100,7 +109,10 @@ def gpg_advantage(
     """GPG (arXiv 2504.02546; verl ``gpg``): A_i = alpha (R_i - mean_g R) / f_norm with
     alpha = B / max(#{i : R_i != 0}, 1) over the batch (the paper's correction for rows that carry no signal).
 
-    A group of size 1 has mean 0 (A = alpha R / f_norm). No std normalisation. Default f_norm = 1.0 (verl's)."""
+    A group of size 1 has mean 0 (A = alpha R / f_norm). No std normalisation. Default f_norm = 1.0 (verl's).
+
+    See docs/algorithms/gpg.md.
+    """
     if f_norm == 0:
         raise ValueError("gpg f_norm must be nonzero")
     r = sequence_scores(rewards, response_mask)  # (B,)
@@ -122,6 +134,7 @@ def grpo_passk_advantage(
     """Pass@k GRPO (arXiv 2503.19595; verl ``grpo_passk``): only each group's best sample gets
     A = R_max - R_second (divided by std_g + eps if norm_std); all others get 0. Ties for the best
     go to the first sample. Needs groups of size >= 2.
+    See docs/algorithms/grpo_passk.md.
     """
     r = sequence_scores(rewards, response_mask)
     _, std, count = group_stats(r, group_ids)
@@ -147,7 +160,10 @@ def reinforce_pp_baseline_advantage(
     response_mask: torch.Tensor,  # (B, T)
 ) -> AdvantageOutput:
     """REINFORCE++-baseline: R_i - mean_g R (no std), broadcast, then whitened over all valid tokens
-    of the batch (masked mean, unbiased variance, + 1e-8)."""
+    of the batch (masked mean, unbiased variance, + 1e-8).
+
+    A_it = whiten(R_i - mean_g R) m_it;   returns = A (docs/algorithms/reinforce_pp.md).
+    """
     r = sequence_scores(rewards, response_mask)
     mean, _, _ = group_stats(r, group_ids)
     adv_t = masked_whiten(broadcast(r - mean, response_mask), response_mask)

@@ -1,6 +1,6 @@
-"""PAPO: polarity-aware advantage reweighting (``seed-algorithms.md`` §10; paper only, [derived]).
+"""PAPO: polarity-aware advantage reweighting (docs/algorithms/papo.md; paper only, [derived]).
 
-credo implements the spec's stated reading; every choice below is a hyperparameter.
+credo implements the reading that page states; every choice below is a hyperparameter.
 
 1. Base advantages A from a group estimator (``base``: grpo, dr_grpo or rloo).
 2. Entropy polarity per token, P_t = -A_t D_t with D_t = S_k - C from the behaviour policy's logits
@@ -76,7 +76,11 @@ def papo_advantage(
     use: str = "sign",
     renormalize: bool = True,
 ) -> AdvantageOutput:
-    """Group advantages reweighted per entropy-polarity branch by the entropy phase (module docstring)."""
+    """Group advantages reweighted per entropy-polarity branch by the entropy phase (module docstring).
+
+    P_t = -A_t D_t;   A~_t = A_t w_plus(phi) if P_t > 0 else A_t w_minus(phi);   optionally A~ *= sum|A| / sum|A~|
+    with A the ``base`` estimator's advantages and phi the entropy phase (docs/algorithms/papo.md).
+    """
     if base not in ("grpo", "dr_grpo", "rloo"):
         raise ValueError(f"papo base must be grpo, dr_grpo or rloo, got {base!r}")
     if use not in ("sign", "magnitude"):

@@ -1,4 +1,5 @@
-"""Return-based estimators: GAE (with a critic), REINFORCE++ and ReMax (``baselines.md`` §2).
+"""Return-based estimators: GAE (with a critic), REINFORCE++ and ReMax (docs/algorithms/gae.md,
+docs/algorithms/reinforce_pp.md, docs/algorithms/remax.md).
 
 Token rewards: a (B,) score is placed on each row's last loss token; (B, T) token rewards are used
 as given (times the mask). Positions outside ``response_mask`` (padding, tool / environment tokens) are
@@ -64,8 +65,11 @@ def gae_advantage(
 ) -> AdvantageOutput:
     """GAE (verl ``gae``): advantages whitened over the batch's loss tokens; returns = A + V (unwhitened).
 
+    delta_t = r_t + gamma V_next(t) - V_t;  A_t = delta_t + gamma lam A_next(t);  advantages = whiten(A)
+    (next(t): the next loss token, masked spans skipped; V after the final action is 0 with terminal_zero)
     Defaults gamma = lam = 1.0 (verl ``algorithm.gamma`` / ``lam``); ``bootstrap`` as in :func:`gae`
     (``agentgym`` = AgentGym-RL's next-position bootstrap). Needs a critic (``critic.*``).
+    See docs/algorithms/gae.md.
     """
     adv, returns = gae(rewards, values, response_mask, gamma=gamma, lam=lam, bootstrap=bootstrap)
     if whiten:
@@ -94,7 +98,11 @@ def reinforce_pp_advantage(
     response_mask: torch.Tensor,  # (B, T)
     gamma: float = 1.0,
 ) -> AdvantageOutput:
-    """REINFORCE++: A = whiten(Ret) over all loss tokens of the batch; returns = Ret."""
+    """REINFORCE++: A = whiten(Ret) over all loss tokens of the batch; returns = Ret.
+
+    Ret_t = sum_{k >= t} gamma^(k - t) r_k over the loss tokens (masked spans carried without discount).
+    See docs/algorithms/reinforce_pp.md.
+    """
     returns = discounted_returns(rewards, response_mask, gamma)
     return AdvantageOutput(advantages=masked_whiten(returns, response_mask), returns=returns)
 
@@ -108,7 +116,10 @@ def remax_advantage(
 ) -> AdvantageOutput:
     """ReMax: A_t = Ret_t - b_i with Ret the reverse cumulative sum of the masked token rewards (carried across
     masked spans, as verl's cumsum) and b_i the reward of a greedy rollout of the same prompt (the recipe runs it);
-    returns = Ret."""
+    returns = Ret.
+
+    See docs/algorithms/remax.md.
+    """
     returns = discounted_returns(rewards, response_mask, 1.0)
     adv = returns - broadcast(reward_baselines.to(returns.dtype), response_mask.to(returns.dtype))
     return AdvantageOutput(advantages=adv, returns=returns)

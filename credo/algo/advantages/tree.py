@@ -1,4 +1,4 @@
-"""Tree segment advantages (AttnRL / TreeRL, ``seed-algorithms.md`` §9).
+"""Tree segment advantages (AttnRL / TreeRL, docs/algorithms/attnrl.md).
 
 Each training row is a root-to-leaf path of a rollout tree (:class:`credo.methods.attnrl.algo.TreePath`, built by
 ``credo.methods.attnrl.collector``); every token of a node's segment gets
@@ -24,7 +24,10 @@ def attnrl_advantage(
     response_mask: torch.Tensor,  # (B, T)
     tree_paths: list[TreePath],  # (B,) each row's path in its problem's tree
 ) -> AdvantageOutput:
-    """AttnRL / TreeRL: A_seg = ((V - V_root) + (V - V_parent)) / sqrt(leaves) per segment; no normalisation."""
+    """AttnRL / TreeRL: A_seg = ((V - V_root) + (V - V_parent)) / sqrt(leaves) per segment; no normalisation.
+
+    See docs/algorithms/attnrl.md.
+    """
     if len(tree_paths) != response_mask.shape[0]:
         raise ValueError(f"attnrl: {len(tree_paths)} tree paths for {response_mask.shape[0]} rows")
     by_tree: dict[int, list[float]] = {}  # id(tree) -> advantage of every node

@@ -1,8 +1,8 @@
 """Per-token policy losses, registered by name (importing this package registers all of them).
 
 Each loss returns the per-token loss ``L_it`` to minimise plus per-token region indicators;
-:func:`credo.algo.compute_policy_loss` aggregates. Sign convention (``spec/README.md``):
-``dL/dlogprob = -A * w`` with ``w`` the region's gradient weight.
+:func:`credo.algo.compute_policy_loss` aggregates. Sign convention: ``dL/dlogprob = -A * w`` with ``w`` the
+region's gradient weight (docs/algorithms/README.md#notation-and-sign-convention).
 
 - ``ppo`` (PPO-clip, clip-higher, dual-clip), ``gpg``: :mod:`.ppo`
 - ``gppo``, ``cegppo`` (gradient-preserving clipping): :mod:`.gppo`

@@ -1,4 +1,5 @@
-"""Covariance-based token selection: Clip-Cov and KL-Cov (entropy-mechanism paper; ``baselines.md`` §1.8-1.9).
+"""Covariance-based token selection: Clip-Cov and KL-Cov (entropy-mechanism paper, arXiv 2505.22617;
+docs/algorithms/clip_cov.md, docs/algorithms/kl_cov.md).
 
 The centred covariance of a token is (A - mean A) (log pi - mean log pi) over the call's valid
 tokens. Token counts are those of the call (micro-batch), as in verl.
@@ -33,9 +34,12 @@ def clip_cov_loss(
 ) -> TokenLoss:
     """Clip-Cov: PPO-clip (delta not clamped) with k random high-covariance tokens detached.
 
+    L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)) corr,  corr = 0 on the k picked tokens, 1 elsewhere
+    cov_it = (A_it - mean A) (sg[logprobs_it] - mean sg[logprobs]) over the call's valid tokens (selection only)
     Candidates: valid tokens not already clipped by PPO with clip_cov_lb < cov < clip_cov_ub; pick
     k = max(floor(clip_cov_ratio * N_valid), 1) of them at random (torch's global RNG, so runs are
     reproducible by seed and resume) and zero their loss. pg_clipfrac = fraction of tokens zeroed.
+    See docs/algorithms/clip_cov.md.
     """
     valid = response_mask.bool()
     ratio = (logprobs - old_logprobs).exp()
@@ -70,8 +74,10 @@ def kl_cov_loss(
 ) -> TokenLoss:
     """KL-Cov: no clipping, L = -A r, plus ppo_kl_coef |delta| on the top-k covariance tokens.
 
+    L = -A r + ppo_kl_coef |delta| 1[top-k cov],  cov_it = (A_it - mean A) (sg[logprobs_it] - mean sg[logprobs])
     k = max(1, floor(kl_cov_ratio * N_valid)). ppo_kl = mean |delta| (verl's definition for kl_cov);
     kl_cov_frac = fraction of tokens penalised.
+    See docs/algorithms/kl_cov.md.
     """
     valid = response_mask.bool()
     delta = logprobs - old_logprobs

@@ -1,4 +1,5 @@
-"""DPPO (Divergence PPO, arXiv 2602.04879 "Rethinking the Trust Region in LLM RL"): binary-TV and binary-KL.
+"""DPPO (Divergence PPO, arXiv 2602.04879 "Rethinking the Trust Region in LLM RL"): binary-TV and binary-KL
+(docs/algorithms/dppo.md).
 
 Both variants replace PPO's ratio clip by a mask on a divergence between the sampled token's new and old
 probabilities, and replace the dual clip by a truncated, detached IS weight on the log-prob (verl ``dppo_tv`` /
@@ -61,6 +62,7 @@ def dppo_tv_loss(
     L = -A sg[min(r, clip_c)] logprobs 1[valid]
     Weight w = min(r, clip_c) on valid tokens, 0 on invalid ones. Metrics: pg_clipfrac = mean 1[not valid];
     pg_clipfrac_lower = mean 1[r > clip_c and valid]; ppo_kl = mean(old_logprobs - logprobs) (clamped delta).
+    See docs/algorithms/dppo.md.
     """
     _check(clip_low, clip_high, clip_c)
     diff = (logprobs.exp() - old_logprobs.exp()).detach()  # (B, T) p - p_old
@@ -87,6 +89,7 @@ def dppo_kl_loss(
     D = p_old (log p_old - log p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))   (binary KL, verl's 1e-8)
     valid = (D <= clip_high or p <= p_old) if A > 0 else (D <= clip_low or p >= p_old)
     L = -A sg[min(r, clip_c)] logprobs 1[valid]; weight and metrics as ``dppo_tv``.
+    See docs/algorithms/dppo.md.
     """
     _check(clip_low, clip_high, clip_c)
     lp, old_lp = logprobs.detach(), old_logprobs.detach()

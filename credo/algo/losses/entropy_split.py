@@ -1,5 +1,6 @@
 """Entropy-split losses: ASPO (flipped ratios for positive tokens, soft dual-clip) and Archer (dual-token
-constraints). ``seed-algorithms.md`` §4-5.
+constraints), and AEPO's entropy-balanced update (docs/algorithms/aspo.md, docs/algorithms/archer.md,
+docs/algorithms/aepo.md).
 
 Both classify each response token by the entropy of the current policy's next-token distribution
 (computed in the training forward pass, detached): per response, the threshold is the 0.8 quantile
@@ -60,9 +61,10 @@ def aspo_loss(
     A < 0:  p = max(r, 1 - eps);  L = -A p;           if p > clip_c:   L = -A clip_c log pi   (c detached)
     A >= 0: q = min(r, 1 + eps);  L = -A (q/sg q)/sg q  (value -A/q);  if r < 1/clip_c: L = -A clip_c log pi
     Weights: A>0: 0 above 1+eps, 1/r on [1/c, 1+eps], c below 1/c; A<0: 0 below 1-eps, r on [1-eps, c], c above c.
-    Plus kl_coef * mean of k3(logprobs, ref_logprobs) over all valid tokens (kl_on="all", the spec's
+    Plus kl_coef * mean of k3(logprobs, ref_logprobs) over all valid tokens (kl_on="all", credo's
     reading of the released run) or over low-entropy tokens only (kl_on="low_entropy"); kl_coef=0
     disables it. The KL mean is taken within each call (micro-batch), as in the reference.
+    See docs/algorithms/aspo.md.
     """
     if kl_on not in ("all", "low_entropy"):
         raise ValueError(f"kl_on must be 'all' or 'low_entropy', got {kl_on!r}")
@@ -128,6 +130,7 @@ def archer_loss(
     Clipped tokens get zero gradient (plain PPO). Plus
     low_entropy_kl_coef * mean_K(k3) + high_entropy_kl_coef * mean_R(k3), each KL a masked mean over
     its own token set (K = low-entropy, R = high-entropy), taken within each call as in the reference.
+    See docs/algorithms/archer.md.
     """
     valid = response_mask.bool()
     low = low_entropy_mask(entropy, response_mask, entropy_quantile)
@@ -175,7 +178,11 @@ def aepo_loss(
     high_entropy_rescale: float = 1.0,
     high_entropy_adv_weight: float = 0.0,
 ) -> TokenLoss:
-    """AEPO's entropy-balanced update (``seed-algorithms.md`` §8; [paper, secondary], reading [derived]).
+    """AEPO's entropy-balanced update (docs/algorithms/aepo.md; [paper, secondary], reading [derived]).
+
+    A' = A (1 + high_entropy_adv_weight) on high-entropy tokens, A elsewhere;  r = exp(clamp(delta, -20, 20))
+    Lc = max(-A' r, -A' clip(r, 1 - clip_low, 1 + clip_high)), except high & A' > 0 & r > 1 + clip_high:
+         Lc = -A' high_entropy_rescale (1 + clip_high) r/sg(r);   L = min(Lc, -A' clip_c) if A' < 0 else Lc
 
     PPO-clip with dual clip (ARPO's 0.2 / 0.2 / 3), except that high-entropy tokens (above their response's
     ``entropy_quantile``, as Archer / ASPO split) with A > 0 and r > 1 + clip_high keep a gradient of weight

@@ -2,7 +2,7 @@
 
 Both keep PPO's forward value but give tokens clipped on the pessimistic side (A > 0 above the
 upper bound, A < 0 below the lower bound) a bounded constant gradient weight instead of zero
-(``seed-algorithms.md`` §2-3). Neither clamps the log-ratio (the reference code does not).
+(docs/algorithms/gppo.md, docs/algorithms/cegppo.md). Neither clamps the log-ratio (the reference code does not).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def gppo_loss(
     (A<0, r>clip_c) -> 0; otherwise r. Forward value equals ``ppo`` at the same clips.
     Released recipe: clip_low 0.2, clip_high 0.28, clip_c 10, plus an SFT term on fully correct
     responses with coefficient 0.1 (``algo.sft_coef``, a recipe-level piece).
+    See docs/algorithms/gppo.md.
     """
     delta = logprobs - old_logprobs  # (B, T)
     ratio = delta.exp()  # (B, T)
@@ -86,6 +87,7 @@ def cegppo_loss(
     beta1 = beta2 = 1 value and gradient equal ``gppo`` at the same clips. Defaults: the 7B release
     (beta1 0.75, beta2 1.0, clip 0.2/0.2, clip_c 10); the 1.5B release uses beta1 0.5.
     pg_clipfrac = fraction of tokens in C_low or C_high.
+    See docs/algorithms/cegppo.md.
     """
     delta = logprobs - old_logprobs  # (B, T)
     ratio = delta.exp()

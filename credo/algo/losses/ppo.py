@@ -1,4 +1,7 @@
-"""PPO-clip (with clip-higher and dual-clip) and plain policy gradient (GPG)."""
+"""PPO-clip (with clip-higher and dual-clip) and plain policy gradient (GPG).
+
+docs/algorithms/ppo.md, docs/algorithms/gpg.md.
+"""
 from __future__ import annotations
 
 import torch
@@ -20,7 +23,7 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     clip_c: float = 3.0,
 ) -> TokenLoss:
-    """PPO-clip with clip-higher and dual-clip (verl ``vanilla``; ``baselines.md`` §1.2).
+    """PPO-clip with clip-higher and dual-clip (verl ``vanilla``; docs/algorithms/ppo.md).
 
     r = exp(clamp(logprobs - old_logprobs, -20, 20))
     L1 = -A r,  L2 = -A clip(r, 1 - clip_low, 1 + clip_high),  Lc = max(L1, L2)
@@ -30,6 +33,7 @@ def ppo_clip_loss(
     Metrics: pg_clipfrac = mean 1[L2 > L1]; pg_clipfrac_lower = mean 1[Lc > -A c and A < 0] (dual clip
     active); clipfrac_high = mean 1[A > 0, r > 1 + clip_high]; clipfrac_low = mean 1[A < 0, r < 1 - clip_low];
     ppo_kl = mean(old_logprobs - logprobs).
+    See docs/algorithms/ppo.md.
     """
     if clip_c <= 1.0:
         raise ValueError(f"clip_c must be > 1 for the dual clip, got {clip_c}")
@@ -63,9 +67,10 @@ def gpg_loss(
     entropy: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
 ) -> TokenLoss:
-    """Plain policy gradient (GPG / REINFORCE on the current log-prob; ``baselines.md`` §1.7).
+    """Plain policy gradient (GPG / REINFORCE on the current log-prob; docs/algorithms/gpg.md).
 
     L = -A log pi; w = 1 everywhere. No ratio, no clipping (pg_clipfrac is 0 by definition).
+    See docs/algorithms/gpg.md.
     """
     delta = (logprobs - old_logprobs).detach()
     zeros = torch.zeros_like(logprobs)

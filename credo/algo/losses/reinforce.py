@@ -1,4 +1,5 @@
-"""Log-prob (REINFORCE-style) losses from verl 0.9.1: DRO (``dro``) and bypass mode (``bypass_mode``)."""
+"""Log-prob (REINFORCE-style) losses from verl 0.9.1: DRO (``dro``, docs/algorithms/dro.md) and bypass mode
+(``bypass_mode``, docs/algorithms/bypass_mode.md)."""
 from __future__ import annotations
 
 from typing import Any
@@ -30,6 +31,7 @@ def dro_loss(
     Gradient: dL/dlogprobs = -A + beta (logprobs - old_logprobs). Not inert at A = 0 (the penalty remains).
     ``beta`` is verl's ``policy_loss.dro_beta``, which verl requires > 0 and leaves unset; credo's 0.05 is the
     value of verl's own DRO unit test. Metrics: ppo_kl = mean(old_logprobs - logprobs); pg_clipfrac 0 (no clip).
+    See docs/algorithms/dro.md.
     """
     if isinstance(beta, bool) or beta <= 0:
         raise ValueError(f"dro beta must be > 0 (verl policy_loss.dro_beta), got {beta}")
@@ -88,6 +90,7 @@ def bypass_mode_loss(
     reinforce: L = -keep * A * w * logprobs
     Weights: ppo_clip as ``ppo`` times keep; reinforce keep * w. Rejected tokens stay in the normalisers.
     Metrics: ppo_kl / pg_clipfrac (and PPO's clip fractions) over the kept tokens; ``rollout_corr/*`` as verl.
+    See docs/algorithms/bypass_mode.md.
     """
     _check_bypass(loss_type, rollout_is, rollout_is_threshold, rollout_is_low)
     options = bc.parse_rs(rollout_rs, rollout_rs_threshold)

@@ -1,4 +1,5 @@
-"""Sequence-ratio and soft-gate losses: GSPO, GMPO (``geo_mean``), SAPO, CISPO (``baselines.md`` §1.3-1.6)."""
+"""Sequence-ratio and soft-gate losses: GSPO, GMPO (``geo_mean``), SAPO, CISPO (docs/algorithms/gspo.md,
+docs/algorithms/gmpo.md, docs/algorithms/sapo.md, docs/algorithms/cispo.md)."""
 from __future__ import annotations
 
 import torch
@@ -40,10 +41,11 @@ def gspo_loss(
     s_i = sum_t m delta / |y_i|  (delta not clamped);  rho_it = exp(min(sg[s_i] + logprobs - sg[logprobs], 10))
     L = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)); aggregation forced to seq-mean-token-mean.
     Weight: exp(s_i) on the unclipped side, 0 on the clipped side. Defaults 3e-4 / 4e-4 are the GSPO
-    paper's clip ranges (the spec notes only that they are very small).
+    paper's clip ranges (Section 5.1 of its v2).
     Rollout-correction weights w (``token_weights``): ``weight_reduce="token"`` (default, verl) multiplies each
     token's loss by its own w_it; ``"sequence"`` multiplies every token of row i by the geometric mean
     exp(sum_t m log(w + 1e-10) / |y_i|), the sequence-level reduction that matches GSPO's geometric-mean ratio.
+    See docs/algorithms/gspo.md.
     """
     if weight_reduce not in WEIGHT_REDUCES:
         raise ValueError(f"gspo weight_reduce must be one of {', '.join(WEIGHT_REDUCES)}, got {weight_reduce!r}")
@@ -88,6 +90,7 @@ def gmpo_loss(
     would give the arithmetic mean instead).
     Metrics (verl's): pg_clipfrac = delta outside [-clip_low, clip_high] and A > 0; pg_clipfrac_lower = the same
     and A < 0 (whether or not the clip binds in the advantage's direction).
+    See docs/algorithms/gmpo.md.
     """
     delta = logprobs - old_logprobs  # (B, T)
     sgn = torch.sign(advantages)
@@ -123,6 +126,7 @@ def sapo_loss(
     f(r) = sigmoid(tau (r - 1)) 4 / tau, tau = tau_pos if A > 0 else tau_neg;  L = -A f(r)
     Weight w = 4 s (1 - s) r with s = sigmoid(tau (r - 1)); f'(1) = 1. Aggregation forced to
     seq-mean-token-mean; clip fractions are 0 by definition.
+    See docs/algorithms/sapo.md.
     """
     delta = log_ratio(logprobs, old_logprobs)
     ratio = delta.exp()
@@ -150,6 +154,7 @@ def cispo_loss(
     L = -sg[clip(r, 1 - clip_low, 1 + clip_high)] A log pi;  w = clip(r, ...), never 0.
     Defaults: no effective lower bound (clip_low 1.0, as MiniMax-M1 did) and an IS-weight cap of
     1 + 4 = 5 (TRL's recommended epsilon_high 5.0). pg_clipfrac = mean 1[r != clip(r)].
+    See docs/algorithms/cispo.md.
     """
     delta = log_ratio(logprobs, old_logprobs)
     ratio = delta.exp()
