@@ -1,4 +1,4 @@
-"""ScalingInter-RL horizon schedule (``agents-and-sandboxes.md`` §3).
+"""ScalingInter-RL horizon schedule (docs/agents.md#scalinginter-rl-credocollecthorizonpy).
 
 With horizons [h_0, ..., h_{K-1}] and period N, training step s (1-indexed) uses
 

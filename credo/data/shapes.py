@@ -1,5 +1,5 @@
 """``shapes``: a synthetic visual question task a tiny vision-language model learns on CPU
-(``shared/spec/seed-additions.md`` C.4, [derived]).
+(docs/algorithms/vepo.md#images, [derived]).
 
 A 32x32 black canvas holds 1-3 shapes, one per 16x16 quadrant (so they never overlap): square, circle or
 triangle, side 10-13 px, jittered inside the quadrant, coloured red, green, blue or yellow. Questions

@@ -3,7 +3,8 @@
 Per token and loss (autograd on the registered function, float64)::
 
     grad_it     = d (sum_t m_it L_it) / d logprob_it     the per-token loss before aggregation (aux terms excluded)
-    weight_it   = -grad_it / A_it  (A != 0)               the spec's gradient weight w (dL/dlogprob = -A w)
+    weight_it   = -grad_it / A_it  (A != 0)               the gradient weight w (dL/dlogprob = -A w;
+                                                          docs/algorithms/README.md#notation-and-sign-convention)
     agg_grad_it = d agg(L) / d logprob_it                 the aggregated loss the run optimised (algo.agg, or
                                                           the loss's forced aggregation), + its aux term
 

@@ -1,4 +1,4 @@
-"""DFPO's flow head (``critic.head: flow``; ``shared/spec/seed-additions.md`` §A.3, docs/algorithms/dfpo.md).
+"""DFPO's flow head (``critic.head: flow``; docs/algorithms/dfpo.md).
 
 Per state (token position) with backbone hidden state h, each of ``flows`` networks computes
 u = W_c h + b_c (d_c = ``proj_dim``) and the scalar velocity v(z, tau | h) = MLP([u, z, phi(tau)]), the MLP being

@@ -2,7 +2,7 @@
 
 ``model.arch: llava`` builds :class:`transformers.LlavaForConditionalGeneration` from a tiny ``CLIPVisionConfig``
 (``model.vision``) and a tiny ``Qwen2Config`` (the text sizes of ``model``), with credo's character tokenizer plus
-one special token ``<image>`` (``shared/spec/seed-additions.md`` C.3). A local HF directory of such a model loads
+one special token ``<image>`` (docs/algorithms/vepo.md#images). A local HF directory of such a model loads
 through :func:`credo.models.build.load_model` like the text models.
 
 Layout: an example carries its image as ``Example.meta["image"]``, a uint8 array (H, W, 3). Its prompt holds one

@@ -1,4 +1,4 @@
-"""Code rewards on the sandbox (``agents-and-sandboxes.md`` §6, §8), registered as batch verifiers.
+"""Code rewards on the sandbox (docs/sandbox.md#code-rewards-and-the-code-task), registered as batch verifiers.
 
 Each scores a whole batch with one :meth:`Sandbox.judge_batch` call (parallel over the pool). The
 example carries its tests in ``meta["tests"]`` (``{"stdin", "expected_stdout"}``, or ``{"args",
@@ -12,7 +12,7 @@ whole text, its language ``meta["language"]``, else detected.
 - ``code_mplsandbox``: MPLSandbox tiers by the worst verdict: 1 all correct, -0.3 wrong answer,
   -0.6 runtime error (TLE / MLE / OLE count as runtime errors), -1 compile or syntax error; the pass
   rate is in ``info``. [derived]: the reference scores the last test only; ``aggregate="last"``
-  reproduces that, the default ``"worst"`` is the spec's reading.
+  reproduces that, the default ``"worst"`` is credo's reading.
 
 A sandbox infrastructure failure (SE) is never scored as a wrong answer: the submission is judged
 again up to ``retries`` times, and if it still fails the result is a recorded verifier failure

@@ -1,6 +1,7 @@
 """Multi-turn agent rollouts: token sequences built incrementally, with the AgentGym-RL loss mask.
 
-Layout of one episode (``agents-and-sandboxes.md`` §2.2), built as token ids turn by turn, never
+Layout of one episode (AgentGym-RL's; docs/agents.md#multi-turn-rollout-and-the-loss-mask-credorolloutagent_looppy),
+built as token ids turn by turn, never
 re-tokenising the history::
 
     prompt = template.prompt(instruction, first observation)                        (the Trajectory's prompt)
@@ -244,7 +245,8 @@ class AgentLoop:
 
 def segment_entropy(top_logprobs, tokenizer, max_tokens: int = 20) -> float:
     """ARPO's segment entropy: over the first <= ``max_tokens`` generated tokens, the sum of -p log p of
-    their top-k log-probs (flattened), divided by log |V| (``seed-algorithms.md`` §7)."""
+    their top-k log-probs (flattened), divided by log |V|
+    (docs/agents.md#arpo-and-aepo-branching-rollouts-credorolloutbranchingpy)."""
     import math
 
     lp = top_logprobs[:max_tokens].double()  # (t, k)

@@ -1,4 +1,5 @@
-"""Entropy-driven branching rollouts for tool-using agents: ARPO and AEPO (``seed-algorithms.md`` §7-8).
+"""Entropy-driven branching rollouts for tool-using agents: ARPO and AEPO
+(docs/agents.md#arpo-and-aepo-branching-rollouts-credorolloutbranchingpy; AEPO's loss: docs/algorithms/aepo.md).
 
 **ARPO** (reference ``vllm_rollout_with_tools.generate_sequences``), per prompt with budget ``n``:
 

@@ -1,4 +1,4 @@
-"""The critic's no-grad pass at collection time, with DFPO's flow target pass (``seed-additions.md`` §A.3).
+"""The critic's no-grad pass at collection time, with DFPO's flow target pass (docs/algorithms/dfpo.md).
 
 :func:`critic_pass` is what the RL step runs where a critic exists: :func:`credo.train.forward.batched_values`, or,
 when the configured critic loss declares it needs flow targets (``needs`` of its registration includes

@@ -1,2 +1,2 @@
-"""AgentV-RL (seed-algorithms.md §18): the agentic verifier. ``reward``: the ``agentic_verifier`` reward (a
+"""AgentV-RL (docs/agentic_verifier.md): the agentic verifier. ``reward``: the ``agentic_verifier`` reward (a
 verifier policy that plans, calls tools and judges); ``env``: the ``verify`` environment."""

@@ -1,4 +1,4 @@
-"""``verify``: AgentV-RL's agentic verification as a multi-turn environment (``seed-algorithms.md`` §18).
+"""``verify``: AgentV-RL's agentic verification as a multi-turn environment (docs/agentic_verifier.md).
 
 One episode verifies one candidate solution of one problem. The first observation gives the mode, the problem and
 the candidate::

@@ -1,4 +1,4 @@
-"""AgentV-RL's agentic verifier, the scoring side (``seed-algorithms.md`` §18).
+"""AgentV-RL's agentic verifier, the scoring side (docs/agentic_verifier.md).
 
 A verifier policy reads a (problem, candidate solution) pair, plans (``<subtasks>``), checks sub-claims with
 sandboxed Python (``<python>``, at most 3 calls) and ends with ``<answer>true|false</answer>``; the episode is

@@ -1,4 +1,4 @@
-"""AgentV-RL verdicts (``seed-algorithms.md`` §18): parsing an ``<answer>`` verdict and a correctness label, and the
+"""AgentV-RL verdicts (docs/agentic_verifier.md): parsing an ``<answer>`` verdict and a correctness label, and the
 +1 / -1 / 0 outcome reward. Pure; shared by the ``agentic_verifier`` reward and the ``verify`` environment."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""AttnRL: attention-guided branching and TreeRL segment advantages (``seed-algorithms.md`` §9), pure math.
+"""AttnRL: attention-guided branching and TreeRL segment advantages (docs/algorithms/attnrl.md), pure math.
 
 Reference: ``RyanLiu112/AttnRL`` @378c38e (``recipe/attnrl/attnrl_core_algos.py::TreeWorker``,
 ``recipe/modeling_qwen2.py``, ``verl/trainer/ppo/ray_trainer.py::attention_preprocess``).

@@ -1,4 +1,4 @@
-"""AttnRL tree rollouts (``seed-algorithms.md`` §9): sample, score FCI, branch, score, build trees.
+"""AttnRL tree rollouts (docs/algorithms/attnrl.md): sample, score FCI, branch, score, build trees.
 
 One step (:func:`collect_tree_rollouts`):
 

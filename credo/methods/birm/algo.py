@@ -1,4 +1,4 @@
-"""BiRM: a bidirectional process reward model's targets, loss and score (``seed-algorithms.md`` §16).
+"""BiRM: a bidirectional process reward model's targets, loss and score (docs/reward_models.md, BiRM).
 
 A response is cut into steps; at each step's last token the model has two heads: the **reward** head ("is the
 path so far correct", backward-looking, the paper's g) and the **value** head ("probability of eventually being
@@ -12,7 +12,7 @@ Loss (the released code): ``L = L_LM + (1/B) sum_labelled (v_t - y^val_t)^2 + (1
 squared errors summed over the labelled positions and divided by the number of sequences ``B``; ``L_LM`` only with
 ``loss_on_llm``.
 
-Heads. The spec's heads are linear on the last hidden state (:class:`credo.methods.birm.model.BiRewardModel`). [credo
+Heads. The paper's heads are linear on the last hidden state (:class:`credo.methods.birm.model.BiRewardModel`). [credo
 extension] :func:`logratio_heads` reads both heads from the LM's token log-ratios against the frozen generator
 instead, the implicit-PRM reading (Q_t = beta * sum_{s<=t} log pi(y_s)/pi_ref(y_s) is the prefix's value):
 ``V_t = sigmoid(Q_t + b_V)``, ``R_t = sigmoid(Q_t + b_R)`` — trained with the same loss on the same labels.

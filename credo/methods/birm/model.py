@@ -1,4 +1,5 @@
-"""BiRM's model (``seed-algorithms.md`` §16, ``BiVerifier``): a causal LM initialised from the generator, with two
+"""BiRM's model (docs/reward_models.md, BiRM; the reference's ``BiVerifier``): a causal LM initialised from the
+generator, with two
 scalar heads on the last hidden state, a reward head and a value head. Each head computes
 ``Linear(Dropout_0.2(g * h + b))`` with learned scalars ``g`` (1) and ``b`` (0); the linear weight starts as the mean
 output-embedding vector (bias 0). Raw regression outputs, no sigmoid. The LM head is kept for the optional

@@ -1,4 +1,4 @@
-"""Using a trained BiRM: best-of-N reranking and step-level beam search (``seed-algorithms.md`` §16).
+"""Using a trained BiRM: best-of-N reranking and step-level beam search (docs/reward_models.md, BiRM).
 
 Best-of-N samples ``n`` responses per prompt and picks one per selector: the BiRM score, the value head alone
 (V at the last step, an ORM-like reading of the model), the reward head alone (mean R, PRM-like), the sampled

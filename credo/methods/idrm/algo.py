@@ -1,4 +1,4 @@
-"""Interaction Distillation's attention alignment: pure tensor functions (spec seed-additions.md B.1-B.3, [derived]).
+"""Interaction Distillation's attention alignment: pure tensor functions (docs/reward_models.md, [derived]).
 
 Objective (the teacher is frozen, only the student gets gradients; inference is the unchanged student)::
 

@@ -1,4 +1,5 @@
-"""Held-out diagnostics for Interaction Distillation (spec B.5): pairwise accuracy by corruption kind, for a student
+"""Held-out diagnostics for Interaction Distillation (docs/reward_models.md): pairwise accuracy by corruption kind,
+for a student
 or the teacher, and the accuracy against a masked prompt prefix (Figure 1's probe: how much the score still depends
 on the early tokens)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``credo rm train rm.method=idrm``: Interaction Distillation (spec B, [derived]).
+"""``credo rm train rm.method=idrm``: Interaction Distillation (docs/reward_models.md, [derived]).
 
     pairs   = generate_pairs(task, noise=rm.noise) | rm.train_file                  # as rm.method=bt
     policy  = load_or_build(model); SFT warm start (generated pairs only)

@@ -1,4 +1,4 @@
-"""Interaction Distillation's teacher: a tiny bidirectional cross-encoder (spec B.2, [derived]).
+"""Interaction Distillation's teacher: a tiny bidirectional cross-encoder (docs/reward_models.md, [derived]).
 
 ``transformers.BertModel(BertConfig(...), add_pooling_layer=True)`` built from scratch with eager attention (the only
 kind that returns its maps) and a linear head on the pooler output: logit = g(pooler) for "the first response is
@@ -118,7 +118,7 @@ class CrossEncoder(torch.nn.Module):
 
 def build_teacher(tokenizer, *, hidden: int = 64, layers: int = 2, heads: int = 4, intermediate: int = 128,
                   seed: int = 0) -> CrossEncoder:
-    """A freshly initialised teacher (spec B.2 sizes by default), seeded."""
+    """A freshly initialised teacher (the sizes docs/reward_models.md gives, by default), seeded."""
     quiet_transformers()
     config = BertConfig(vocab_size=len(tokenizer) + 2, hidden_size=hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=intermediate, max_position_embeddings=512,

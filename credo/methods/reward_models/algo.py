@@ -6,7 +6,8 @@ Bradley-Terry (pairwise preferences, the ORM / CRM base loss)::
 
 Pointwise (verified labels y in {0, 1}): binary cross-entropy on the score as a logit.
 
-CRM, "Two Minds Better Than One" (spec section 17) [paper, secondary; derived reading]: two reward models trained
+CRM, "Two Minds Better Than One" (arXiv 2505.10597; docs/reward_models.md) [paper, secondary; derived reading]: two
+reward models trained
 side by side; on each mini-batch each model's margins ``r(y_w) - r(y_l)`` select the pairs its *peer* trains on
 (:func:`peer_select`: the top ``keep_ratio`` fraction by margin, likely clean); the kept fraction follows
 :func:`keep_ratio_schedule` (co-teaching's schedule, linear from 1 to ``final`` over the first ``warmup`` share of

@@ -1,3 +1,3 @@
-"""RLEP (seed-algorithms.md §6): experience replay. ``pool``: the pool of verified answers and its mixing into
+"""RLEP (docs/algorithms/rlep.md): experience replay. ``pool``: the pool of verified answers and its mixing into
 groups; ``collector``: the replay-wrapping collector; ``recipe``: ``credo rlep collect``; ``config``: the ``replay``
 section."""

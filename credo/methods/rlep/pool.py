@@ -1,4 +1,4 @@
-"""RLEP experience replay (``seed-algorithms.md`` §6): a pool of verified answers and its mixing into groups.
+"""RLEP experience replay (docs/algorithms/rlep.md): a pool of verified answers and its mixing into groups.
 
     entries = collect_pool(engine, runner, examples, samples=16, sampling=..., min_correct=2)  # credo rlep collect
     pool    = ReplayPool(entries)                 # or ReplayPool.load("pool.jsonl")

@@ -1,4 +1,4 @@
-"""VEPO (seed-algorithms.md §12): grounding-sensitive token selection. ``algo``: Vis scores and the top-k
+"""VEPO (docs/algorithms/vepo.md): grounding-sensitive token selection. ``algo``: Vis scores and the top-k
 selection (pure math); ``grounding``: spans and perturbations; ``image``: image perturbations (vision-language
 policies); ``select``: the token selector; ``config``: the
 ``token_select`` section of ``type: vepo``."""

@@ -1,4 +1,4 @@
-"""Grounding sensitivity and VEPO token selection (``seed-algorithms.md`` §12, paper only, [derived]).
+"""Grounding sensitivity and VEPO token selection (docs/algorithms/vepo.md, paper only, [derived]).
 
 The policy is run twice on the same response tokens: with the grounding input intact (next-token
 distribution p_t) and with it perturbed (q_t). Per response position t, with natural logarithms:
@@ -14,7 +14,7 @@ distribution p_t) and with it perturbed (q_t). Per response position t, with nat
 batch (``"batch"``) or of each sequence (``"sequence"``), so both terms are on a common scale before they
 are weighted. The combination, the clip of the gap at 0 (a perturbation that makes the policy *more* certain
 is no evidence of reliance on the grounding), the normalisation and the selection size are credo's reading:
-the spec leaves all of them open.
+the paper leaves all of them open.
 
 Two forms: from full logits ``(B, T, V)`` (:func:`jsd_from_logits`, :func:`entropy_gap_from_logits`), and
 chunked from hidden states (:func:`chunked_grounding_stats`), which holds one ``(chunk, V)`` block of each

@@ -1,4 +1,4 @@
-"""VEPO's image perturbations (``shared/spec/seed-additions.md`` C.1-C.2, [derived] / [code, related method]).
+"""VEPO's image perturbations (docs/algorithms/vepo.md#images, [derived] / [code, related method]).
 
 With a vision-language policy the grounding input is the image: the perturbed forward keeps every row's
 ``input_ids`` and replaces its ``pixel_values`` by
