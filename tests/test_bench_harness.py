@@ -213,7 +213,7 @@ def test_step_time_ab_agent_kv_reuse(tmp_path):
                            timeout=600)
     proxy = data["proxy"]
     assert proxy["unit"] == "agent/prefill_tokens (median per step)" and proxy["b"] < proxy["a"]
-    # KV reuse is exact (tests/test_kv_reuse.py): the same episodes on both sides, so the same turns and success
+    # KV reuse is exact (tests/rollout/test_kv_reuse.py): the same episodes on both sides, so the same turns and success
     success = re.search(r"^agent/success_rate +median per step: A (\S+), B (\S+)$", stdout, re.M)
     turns = re.search(r"^agent/turns_mean +median per step: A (\S+), B (\S+)$", stdout, re.M)
     assert success and turns and success[1] == success[2] and turns[1] == turns[2], stdout

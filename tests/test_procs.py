@@ -154,7 +154,7 @@ RUNNER_DRIVER = """
 import sys, threading
 from credo.rewards import RewardRunner
 from credo.types import Example
-runner = RewardRunner("tests.test_security_procs:hang_forever", fn_kwargs={{"pid_dir": {pid_dir!r}}},
+runner = RewardRunner("tests.test_procs:hang_forever", fn_kwargs={{"pid_dir": {pid_dir!r}}},
                       timeout_s=600, workers=1, executor="process")
 score = lambda: runner.score(["x"], [Example("p", "a")])
 if {in_thread}:  # started from a thread: no parent-death signal, the guardian alone must do it
@@ -185,7 +185,7 @@ def test_timed_out_worker_is_killed_with_what_the_verifier_started(tmp_path):
     from credo.rewards import RewardRunner
     from credo.types import Example
 
-    with RewardRunner("tests.test_security_procs:hang_forever", fn_kwargs={"pid_dir": str(tmp_path)},
+    with RewardRunner("tests.test_procs:hang_forever", fn_kwargs={"pid_dir": str(tmp_path)},
                       timeout_s=5.0, workers=1, executor="process") as runner:
         result = runner.score(["x"], [Example("p", "a")])[0]
         assert result.failed and result.error.startswith("timeout")
@@ -301,7 +301,7 @@ def test_credo_train_leaves_no_verifier_worker_behind(tmp_path, sig):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     args = [*TINY_RUN, "train.steps=2", "warm_start.enabled=false", "eval.every=0", "log.report=false",
-            "log.tensorboard=false", "reward.name=tests.test_security_procs:hang_forever",
+            "log.tensorboard=false", "reward.name=tests.test_procs:hang_forever",
             f"reward.kwargs={{pid_dir: {pid_dir}}}", "reward.timeout_s=600", "reward.executor=process"]
     trainer = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "train", "--run-dir", str(tmp_path / "run"),
                                 *args], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -439,17 +439,17 @@ def test_tests_and_documented_single_node_recipes_start_ray_on_loopback():
     `ray start` in the tests and single-node docs passes --node-ip-address 127.0.0.1 (else Ray advertises the
     machine's external address, and `auto` resolves to it)."""
     offenders = []
-    for path in sorted((REPO / "tests").glob("*.py")):
-        if path.name == Path(__file__).name:
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path == Path(__file__).resolve():
             continue
         text = path.read_text()
         for m in re.finditer(r"ray\.init\(", text):
             call = text[m.start() : text.find(")", m.start()) + 1]
             if "_node_ip_address" not in call:
-                offenders.append(f"{path.name}: {call}")
+                offenders.append(f"{path.relative_to(REPO)}: {call}")
         for m in re.finditer(r'"start", "--head"[^\]]*\]', text):
             if "--node-ip-address=127.0.0.1" not in m.group(0):
-                offenders.append(f"{path.name}: {m.group(0)[:80]}")
+                offenders.append(f"{path.relative_to(REPO)}: {m.group(0)[:80]}")
     docs = (REPO / "docs" / "distributed.md").read_text().split("### Several nodes")[0]
     for line in docs.splitlines():
         if line.lstrip().startswith("ray start") and "--node-ip-address 127.0.0.1" not in line:
@@ -463,7 +463,7 @@ from credo.distributed.ray_launch import connect
 from credo.distributed.ray_pools import RewardPool
 from credo.types import Example
 connect(load_config(None, ["distributed.backend=ray"]))
-pool = RewardPool(dict(name_or_path="tests.test_security_procs:hang_forever", fn_kwargs={{"pid_dir": {pid_dir!r}}},
+pool = RewardPool(dict(name_or_path="tests.test_procs:hang_forever", fn_kwargs={{"pid_dir": {pid_dir!r}}},
                        timeout_s=600, workers=1, executor="process"), workers=1)
 pool.score(["x"], [Example("p", "a")])
 """

@@ -4,7 +4,7 @@ Each problem has a short description (the prompt), a reference Python solution (
 demonstration) and 5-6 tests. The prompt is ``"# <description>\\n"`` and the response is a Python
 program; the default reward is ``code_pass_rate`` on the sandbox. Held-out evaluation uses problems
 never seen in training (``build_splits`` holds out whole prompts). The test suite judges every
-reference solution in the sandbox (``tests/test_code_task.py``).
+reference solution in the sandbox (``tests/data/test_code_task.py``).
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ served policy version; otherwise the row is prefilled from scratch (cached lengt
 
 Exactness: a cached key equals the key a full prefill would compute up to float rounding (the same weights and
 positions, another matrix shape), so the sampled tokens are the same for the same draws and the log-probs agree
-to float tolerance (tests/test_kv_reuse.py: same tokens, log-probs within 1e-5 in float32).
+to float tolerance (tests/rollout/test_kv_reuse.py: same tokens, log-probs within 1e-5 in float32).
 
 Memory bound: a session holds 2 x layers x kv_heads x head_dim x dtype bytes per token of its episode (at most
 prompt + ``max_response_tokens`` tokens), and lives until its episode ends. Together the sessions hold what the

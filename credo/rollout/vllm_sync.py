@@ -40,7 +40,7 @@ def weight_chunks(state: dict[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BY
     or raw bytes (in process), each at most ``chunk_bytes`` of tensor data (a larger single tensor goes alone).
     A tensor that shares its storage with one already sent (tied embeddings: ``lm_head.weight`` is
     ``embed_tokens.weight``) is cloned and sent too: vLLM's CPU build keeps its own processed copy of a tied head,
-    which stays stale when only the embedding arrives (tests/test_vllm.py caught it); a view of part of a storage
+    which stays stale when only the embedding arrives (tests/rollout/test_vllm.py caught it); a view of part of a storage
     is cloned as well (safetensors requires whole storages); a sharded tensor (FSDP2's DTensor) is gathered whole
     first."""
     chunk: dict[str, torch.Tensor] = {}

@@ -13,7 +13,7 @@ the sum over the rows that read it), and one additive mask (R, 1, Q, Kc + Q) say
     (a padding query: itself only, so no row of the mask is empty)
 
 Positions continue each sequence's own count (the batch's position ids), so each token sees exactly the keys and
-positions of the padded forward: the hidden states equal it up to float rounding (tests/test_lean_forward.py,
+positions of the padded forward: the hidden states equal it up to float rounding (tests/train/test_forward.py,
 float64, values and every parameter gradient). Cost: the real tokens only, plus attention over Q x (Kc + Q) per
 packed row, which is why rows stay short (one longest response by default) instead of one row per micro-batch.
 """

@@ -215,10 +215,10 @@ def test_every_estimator_has_a_test():
     from credo.algo import list_advantage_estimators
 
     tested = {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "remax", "opo", "grpo_passk",
-              "reinforce_pp_baseline", "evpo", "papo", "dvpo", "attnrl",  # dvpo, attnrl: tests/test_{dvpo,attnrl}.py
-              "gpg",  # tests/test_verl_fidelity.py
-              "dfpo",  # tests/test_dfpo.py
-              "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo"}  # tests/test_advantages_verl_extra.py
+              "reinforce_pp_baseline", "evpo", "papo", "dvpo", "attnrl",  # dvpo, attnrl: tests/algo/test_dvpo.py, tests/methods/attnrl/test_attnrl.py
+              "gpg",  # tests/algo/test_verl_fidelity.py
+              "dfpo",  # tests/algo/test_dfpo.py
+              "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo"}  # tests/algo/test_advantages_verl_extra.py
     assert set(list_advantage_estimators()) == tested
 
 

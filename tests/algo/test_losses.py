@@ -256,7 +256,7 @@ TRUE_OBJECTIVE = ["archer", "bypass_mode", "clip_cov", "dro", "gmpo", "gpg", "kl
 # Losses whose gradient is defined through stop-gradients (preserved / flipped / detached weights):
 # the numerical derivative of the value is not the gradient by design, so the autograd gradient is
 # checked against an independent float64 implementation of the spec's weight table instead.
-# dppo_tv / dppo_kl: their weight tables are checked in tests/test_losses_verl_extra.py
+# dppo_tv / dppo_kl: their weight tables are checked in tests/algo/test_losses_verl_extra.py
 SURROGATE = ["aepo", "aspo", "cegppo", "cispo", "dppo_kl", "dppo_tv", "gppo", "gspo"]
 
 

@@ -67,7 +67,7 @@ def test_trainer_applies_the_correction_and_reports_it():
     from credo.train.forward import batched_logprobs
     from credo.train.optim import build_optimizer, build_scheduler
     from credo.train.update import UpdateOptions, update_policy
-    from tests.test_lean_forward import F64, _group_batch, _model64
+    from tests.train.test_forward import F64, _group_batch, _model64
 
     model, tok = _model64()
     batch = _group_batch(tok)

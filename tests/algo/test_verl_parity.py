@@ -3,7 +3,7 @@
 Run (the ``verl`` stage of ``.ci/run``; verl's math needs only torch and a few small pure-Python modules)::
 
     pip install --no-deps --target DIR verl==0.9.1 tensordict==0.10.0 omegaconf==2.4.0 codetiming==1.4.0 pyvers==0.2.3
-    PYTHONPATH=DIR python -m pytest -m verl tests/test_verl_parity.py
+    PYTHONPATH=DIR python -m pytest -m verl tests/algo/test_verl_parity.py
 
 Every test compares loss values and gradients w.r.t. the log-probs (or values / loss matrix) at rtol = atol = 1e-8
 unless a comment names verl's own epsilon (``+ 1e-8`` denominators, GDPO's float32 components). Inputs: several seeds;
@@ -34,7 +34,7 @@ TOL = 1e-8
 SEEDS = (0, 1, 2)
 AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 INSTALL = ("pip install --no-deps --target DIR verl==0.9.1 tensordict==0.10.0 omegaconf==2.4.0 codetiming==1.4.0 "
-           "pyvers==0.2.3 && PYTHONPATH=DIR python -m pytest -m verl tests/test_verl_parity.py")
+           "pyvers==0.2.3 && PYTHONPATH=DIR python -m pytest -m verl tests/algo/test_verl_parity.py")
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +46,11 @@ def verl() -> SimpleNamespace:
         from verl.trainer.ppo import core_algos
         from verl.workers.config import ActorConfig, PolicyLossConfig
     except ImportError as exc:  # loud: this module exists to run against verl
-        raise ImportError(f"tests/test_verl_parity.py needs verl 0.9.1's core_algos ({exc}); install it with: "
+        raise ImportError(f"tests/algo/test_verl_parity.py needs verl 0.9.1's core_algos ({exc}); install it with: "
                           f"{INSTALL}") from exc
     version = getattr(verl_pkg, "__version__", "?")
     if version != "0.9.1":
-        raise ImportError(f"tests/test_verl_parity.py pins verl 0.9.1, found {version}; {INSTALL}")
+        raise ImportError(f"tests/algo/test_verl_parity.py pins verl 0.9.1, found {version}; {INSTALL}")
     return SimpleNamespace(ca=core_algos, ActorConfig=ActorConfig, PolicyLossConfig=PolicyLossConfig,
                            AlgoConfig=AlgoConfig, RolloutCorrectionConfig=RolloutCorrectionConfig)
 

@@ -24,7 +24,7 @@ from credo.config import ConfigError, load_config
 from tests.conftest import TINY, TINY_RUN
 from tests.env_util import free_port, post_json
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str, cwd: Path, pythonpath: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -175,7 +175,7 @@ def test_estimators_declare_what_they_need():
 
 
 def test_writable_probe_leaves_nothing_and_refuses_a_file(tmp_path):
-    from credo.config.preflight import check_writable
+    from credo.recipes.preflight import check_writable
 
     check_writable("--run-dir", tmp_path / "a" / "b" / "run")
     assert list(tmp_path.iterdir()) == []  # the probe folder was removed; nothing was created
@@ -488,7 +488,7 @@ def test_resumed_distill_run_whose_teacher_is_gone_says_how_to_get_one(tmp_path,
 
 
 def test_teacher_check_takes_adapter_dirs_and_names_a_corrupt_config(tmp_path):
-    from credo.config.preflight import check_teacher
+    from credo.recipes.preflight import check_teacher
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()

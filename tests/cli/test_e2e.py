@@ -16,7 +16,7 @@ from credo.cli.main import main
 from credo.tracking.metrics import read_metrics
 from tests.conftest import TINY_RUN
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VOLATILE = ("timing_s/", "perf/tokens_per_s", "perf/gen_tokens_per_s")
 
 

@@ -227,8 +227,8 @@ AGENT_PRESETS = ["agent_calc", "agent_maze", "agent_wordle", "agent_scaling_inte
 
 
 def test_every_agent_preset_runs_through_the_cli(tmp_path: Path):
-    presets = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs").glob("agent_*.yaml")
-                     if p.stem != "agent_agentgym")  # needs a server: tests/test_agentgym_client.py runs it
+    presets = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs").glob("agent_*.yaml")
+                     if p.stem != "agent_agentgym")  # needs a server: tests/envs/test_agentgym_client.py runs it
     assert presets == sorted(AGENT_PRESETS)
     for preset in presets:
         run = tmp_path / preset

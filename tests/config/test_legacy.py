@@ -12,7 +12,7 @@ import pytest
 
 from credo.config import ConfigError, config_to_dict, load_config
 
-LEGACY = Path(__file__).parent / "fixtures" / "legacy"
+LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
 # the overrides the fixtures were written with (tools/same_metrics.py SHORT)
 SHORT = ["train.steps=3", "eval.every=2", "eval.size=16", "eval.k=2", "warm_start.steps=80", "log.progress=false",
          "log.tensorboard=false", "log.report=false", "checkpoint.every=0", "checkpoint.save_final=false",

@@ -1,6 +1,6 @@
 """Issue 17 items 4 and 5: oversized and overlong dataset rows are bad rows; non-finite rewards are verifier failures.
 
-The reward functions below are referenced as ``"tests.test_security_data:<name>"`` so that spawned reward workers
+The reward functions below are referenced as ``"tests.data.test_data_security:<name>"`` so that spawned reward workers
 import them; this module keeps torch out of its top-level imports for that reason.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 
 from credo.types import Example, RewardResult, Trajectory
 
-REPO = Path(__file__).resolve().parents[1]
-HERE = "tests.test_security_data"
+REPO = Path(__file__).resolve().parents[2]
+HERE = "tests.data.test_data_security"
 BIG = 5_000_000  # bytes of the oversized row's prompt (over the 1 MiB default cap)
 
 

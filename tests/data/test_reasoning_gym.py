@@ -17,7 +17,7 @@ from credo.rewards.runner import RewardRunner
 from credo.types import Example
 from tests.conftest import TINY_RUN
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_examples_carry_the_entry_and_splits_are_disjoint_and_seeded():

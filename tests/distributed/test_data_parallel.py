@@ -22,7 +22,7 @@ def _setup():
     the spawned ranks and the comparison in the test process alike)."""
     from transformers.models.qwen2 import modeling_qwen2
 
-    from tests.test_lean_forward import _group_batch, _model64, rmsnorm_in_input_dtype
+    from tests.train.test_forward import _group_batch, _model64, rmsnorm_in_input_dtype
 
     modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype
     model, tok = _model64()

@@ -15,9 +15,9 @@ import pytest
 from credo.config import ConfigError, load_config
 from credo.envs import EnvError
 from credo.envs.agentgym import AgentGymClient, action_after, action_line, action_react, action_sql, get_adapter
-from tests.agentgym_servers import Stats, maze_app, serving, textcraft_app, textcraft_plan
+from tests.envs.agentgym_servers import Stats, maze_app, serving, textcraft_app, textcraft_plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REACT = "Thought:\nI should {0}.\n\nAction:\n{0}"
 
 

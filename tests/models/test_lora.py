@@ -28,7 +28,7 @@ from credo.train.forward import NAIVE, ForwardOptions, policy_logprobs
 from credo.train.optim import build_optimizer
 from credo.types import Example, SamplingParams
 from tests.conftest import TINY, TINY_RUN, full_and_resumed_runs
-from tests.test_lean_forward import _group_batch
+from tests.train.test_forward import _group_batch
 
 LORA = LoraConfig(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 RUN = [*TINY_RUN, "model.lora.r=4", "model.lora.alpha=8", "train.lr=3e-3", "log.progress=false", "log.report=false",

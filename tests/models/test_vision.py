@@ -13,10 +13,11 @@ import torch
 
 from credo.config import ConfigError, ModelConfig, load_config
 from credo.data import build_splits, get_task
-from credo.data.shapes import COLORS, render, shapes_match, shape_mask
+from credo.data.shapes import COLORS, render, shape_mask
 from credo.methods.vepo.image import IMAGE_PERTURBATIONS, image_rng, perturb_images, region_mask
 from credo.methods.vepo.select import grounding_stats, perturbed_image_batch
 from credo.models.vision import IMAGE_TOKEN, expand_image_prompts, image_token_count, normalize_pixels, raw_pixels
+from credo.rewards.shapes import shapes_match
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 VISION_RUN = ["model.arch=llava", "task.name=shapes", "model.hidden_size=32", "model.intermediate_size=64",

@@ -57,7 +57,7 @@ def test_register_conflict_and_idempotent_reregister():
 
 
 def test_unknown_name_suggests_close_match():
-    with pytest.raises(KeyError, match="Did you mean 'countdown'") as info:
+    with pytest.raises(KeyError, match="did you mean 'countdown'") as info:
         get_reward_fn("countdwn")
     assert "exact_match" in str(info.value)
     with pytest.raises(KeyError, match="countdwn"):
@@ -263,6 +263,17 @@ def test_runner_argument_checks():
 
 def test_importing_rewards_does_not_import_torch():
     code = "import sys, credo.rewards; print('torch' in sys.modules, 'sympy' in sys.modules)"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_builtin_reward_is_listed_and_found_without_importing_its_module_first():
+    """The reward registry names its built-in modules (credo.registry.Registry builtins): the first listing or
+    lookup imports them, so no caller imports a verifier's module to see its name."""
+    code = ("import sys; from credo.rewards.registry import get_reward_fn, list_rewards; "
+            "before = 'credo.rewards.humaneval' in sys.modules; names = list_rewards(); "
+            "print(before, 'credo.rewards.humaneval' in sys.modules, 'humaneval' in names, "
+            "get_reward_fn('humaneval').__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True", "credo.rewards.humaneval"]

@@ -3,7 +3,7 @@
 run (the marker `vllm`); where vLLM cannot run, these tests fail with the reason instead of skipping.
 
 Each in-process engine starts in ~13 s on a 2-core CPU, a server in ~25 s: the module shares one of each (and
-closes them before tests/test_vllm_runs.py, whose runs start their own)."""
+closes them before tests/rollout/test_vllm_runs.py, whose runs start their own)."""
 from __future__ import annotations
 
 import pytest

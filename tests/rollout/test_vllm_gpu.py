@@ -1,7 +1,7 @@
 """rollout.engine=vllm where vLLM cannot run (the default run: a clear error, never a hang), and the CUDA-only part
 of the engine (sleep mode, marked `gpu` only, so that `-m vllm` on a CPU selects nothing it must skip; on a GPU
 machine run `python -m pytest -m "vllm or gpu"`). The engine itself is tested
-on any vLLM in tests/test_vllm.py (`-m vllm`)."""
+on any vLLM in tests/rollout/test_vllm.py (`-m vllm`)."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +18,7 @@ def test_vllm_engine_is_refused_clearly_where_vllm_cannot_run(tmp_path):
     with pytest.raises(ConfigError, match="not implemented for Ray rollout workers"):
         load_config(None, ["rollout.engine=vllm", "distributed.backend=ray", "rollout.vllm.mode=server"])
     if vllm_available():
-        pytest.skip("vLLM runs on this machine (tests/test_vllm.py)")
+        pytest.skip("vLLM runs on this machine (tests/rollout/test_vllm.py)")
     from credo.models import build_model
     from credo.recipes.common import rollout_engine
     from credo.rollout.vllm_engine import VLLMUnavailable

@@ -1,7 +1,7 @@
 """Agent turns through vLLM's automatic prefix caching (rollout.vllm.prefix_caching): the cached-token counts per row
 (in process: RequestOutput.num_cached_tokens; server: usage.prompt_tokens_details.cached_tokens), the same tokens and
 log-probs with the cache on and off, the reset at a weight sync, and the agent loop's counters (agent/kv_reused_frac).
-Marker `vllm` (tests/test_vllm.py); three engines start once for the module (~25 s each on 2 CPU cores).
+Marker `vllm` (tests/rollout/test_vllm.py); three engines start once for the module (~25 s each on 2 CPU cores).
 
 vLLM caches keys / values in full blocks of ``block_size`` tokens (128 on CPU), the sampled tokens' blocks included
 (a decoded token's keys / values are computed when the next token is sampled, so the last sampled token has none),

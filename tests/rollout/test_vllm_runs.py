@@ -1,5 +1,5 @@
 """`credo train rollout.engine=vllm` through the real CLI: the default collector, tree (AttnRL) and agent
-collectors, and a Ray pool of vLLM workers with a worker death (`python -m pytest -m vllm`; see tests/test_vllm.py).
+collectors, and a Ray pool of vLLM workers with a worker death (`python -m pytest -m vllm`; see tests/rollout/test_vllm.py).
 """
 from __future__ import annotations
 

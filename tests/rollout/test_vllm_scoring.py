@@ -3,7 +3,7 @@ a fingerprint, and the server teacher of on-policy distillation (``distill.teach
 
 The first tests need no vLLM (default run: fakes with hand-made values); the ``vllm`` ones start one in-process
 engine and one server (~15 s + ~30 s on 2 CPU cores):
-`cd /work/main && /work/venv-vllm/bin/python -m pytest -p no:cacheprovider -m vllm tests/test_vllm_scoring.py -x`.
+`cd /work/main && /work/venv-vllm/bin/python -m pytest -p no:cacheprovider -m vllm tests/rollout/test_vllm_scoring.py -x`.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import pytest
 from credo.sandbox import Limits
 from credo.sandbox.proctree import descendants
 from credo.sandbox.results import JudgeRequest, RunRequest
-from tests.adversarial_programs import PROGRAMS, Hostile
+from tests.sandbox.adversarial_programs import PROGRAMS, Hostile
 from tests.sandbox_util import ROOTLESS
 
 NO_UID_DROP = "rootless mode keeps the user's uid (no uid drop): sandbox processes and files have no uid of their own"

@@ -34,7 +34,7 @@ from credo.sandbox.worker import missing_toolchain
 from tests.env_util import post_json
 from tests.sandbox_util import make_sandbox
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SUMMARY = SummaryMapping(CompileFailed="CE", CompileTimeout="CTLE", RunFailed="RE", RunTimeout="TLE")
 
 

@@ -23,7 +23,7 @@ import pytest
 from credo.sandbox import Limits
 from credo.sandbox.results import RunRequest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Isolation:

@@ -24,7 +24,7 @@ from credo.http_auth import auth_headers
 from credo.sandbox import Limits, RunRequest, Sandbox
 from tests.env_util import free_port, post_json
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "print('secret-of-client-1')"
 
 

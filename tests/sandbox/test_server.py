@@ -17,7 +17,7 @@ import pytest
 from tests.env_util import post_json
 from tests.sandbox_util import make_sandbox
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

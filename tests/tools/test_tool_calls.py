@@ -22,7 +22,7 @@ from credo.tools.parsers import ToolCall, get_parser
 from credo.tools.render import ToolRenderer
 from credo.tools.schema import ToolSet, check_arguments, function_schema, tool_from_schema
 from credo.types import Example, SamplingParams
-from tests.tool_templates import QWEN3_CODER, QWEN25, THINK_STRIPPING, chat_tokenizer
+from tests.tools.tool_templates import QWEN3_CODER, QWEN25, THINK_STRIPPING, chat_tokenizer
 
 
 def _examples(env: str, ids: list[int]) -> list[Example]:

@@ -21,7 +21,7 @@ from credo.tracking.rundir import MARKER, UnsafeRunDir, check_run_dir, is_credo_
 from credo.train import checkpoint as ck
 from tests.conftest import TINY_RUN
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUIET = ["eval.every=0", "log.report=false", "log.tensorboard=false", "log.progress=false"]
 RUN = [*TINY_RUN, *QUIET, "train.steps=2", "checkpoint.every=1"]
 VOLATILE = ("timing_s/", "perf/tokens_per_s", "perf/gen_tokens_per_s")

@@ -21,7 +21,7 @@ from credo.tracking.trackers import (STATE_FILE, TrackerSet, check_trackers, fla
                                      open_trackers)
 from tests.conftest import TINY_RUN
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = {"train": {"lr": 0.001, "betas": [0.9, 0.99]}, "task": {"name": "reversal"}, "run_name": None}
 
 

@@ -18,7 +18,7 @@ from credo.train.checkpoint import latest_checkpoint, load_trainer_state, save_c
 from credo.tracking.metrics import read_metrics
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN = [*TINY_RUN, "train.steps=2", "checkpoint.every=1", "checkpoint.keep=3", "eval.every=0", "log.report=false",
        "log.tensorboard=false"]
 VOLATILE = ("timing_s/", "perf/tokens_per_s", "perf/gen_tokens_per_s")

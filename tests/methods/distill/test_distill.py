@@ -111,7 +111,7 @@ def test_config_needs_one_teacher_and_a_server_teacher_must_answer():
         load_config(None, ["distill.mode=loss"])
     with pytest.raises(ConfigError, match="distill.estimator"):
         load_config(None, ["distill.teacher.path=x", "distill.estimator=k9"])
-    cfg = load_config(None, ["distill.teacher.url=http://127.0.0.1:1"])  # served: tests/test_vllm_scoring.py
+    cfg = load_config(None, ["distill.teacher.url=http://127.0.0.1:1"])  # served: tests/rollout/test_vllm_scoring.py
     with pytest.raises(ConfigError, match="cannot reach a vLLM server"):
         load_teacher(cfg, None)
     assert load_config(None, []).distill is None
