@@ -16,7 +16,7 @@ queried shape, or of every shape of the counted kind). The prompt is ``"<image>"
 the placeholder to the model's image-token count (:func:`credo.models.vision.expand_image_prompts`).
 
 Shapes are drawn with numpy masks (pixel centres inside the square / circle / triangle), not PIL, so the task needs
-no imaging library. The verifier ``shapes`` is an exact match after stripping, lower-casing and dropping a final
+no imaging library. The verifier ``shapes`` (:mod:`credo.rewards.shapes`) is an exact match after stripping, lower-casing and dropping a final
 ``"."``. Splits: held-out and train examples come from separate seeded RNGs; an eval example is distinct from the
 other eval examples and from every train example as (question, scene).
 """
@@ -29,8 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from credo.data.tasks import MAX_CONSECUTIVE_COLLISIONS, Task, _check_int, _split_rng, register_task
-from credo.rewards.registry import register_reward
-from credo.types import Example, RewardResult
+from credo.types import Example
 
 SIZE = 32
 QUADRANT = SIZE // 2
@@ -166,16 +165,3 @@ class ShapesTask(Task):
                 seen.add(key)
             out.append(ex)
         return out
-
-
-def normalize_answer(text: str) -> str:
-    """Stripped, lower-cased, a final ``"."`` dropped."""
-    text = text.strip().lower()
-    return text[:-1].rstrip() if text.endswith(".") else text
-
-
-@register_reward("shapes", inline_safe=True)
-def shapes_match(response: str, example: Example, **_: Any) -> RewardResult:
-    """Score 1.0 iff the normalised response equals the normalised answer (:func:`normalize_answer`)."""
-    ok = normalize_answer(response) == normalize_answer(example.answer)
-    return RewardResult(score=1.0 if ok else 0.0, correct=ok)

@@ -12,25 +12,22 @@ This module does not import torch (reward worker processes must start fast).
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import numbers
 from typing import Any, Callable, Union
 
+from credo.registry import Registry, UnknownName
 from credo.types import RewardResult
 
 VerifierOutput = Union[RewardResult, float, int, bool]
 VerifierFn = Callable[..., VerifierOutput]
 
-_REGISTRY: dict[str, VerifierFn] = {}
-
-
-def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
-    """True for the same object, or the same definition re-executed (module reload, re-import)."""
-    if a is b:
-        return True
-    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
-    return key(a) == key(b) and key(a) != (None, None)
+# The built-in verifiers' modules are named, not imported here: the registry sits below them (the agentic verifier,
+# a method package, builds an engine and runs an agent loop), so they are imported on the first lookup or listing.
+REWARDS: Registry[VerifierFn] = Registry("reward", builtins=(
+    "credo.rewards.verifiers", "credo.rewards.code", "credo.rewards.reward_model",
+    "credo.methods.agentic_verifier.reward", "credo.rewards.rg_score", "credo.rewards.humaneval",
+    "credo.rewards.shapes"))
 
 
 def register_reward(name: str, *, batch: bool = False, inline_safe: bool = False) -> Callable[[VerifierFn], VerifierFn]:
@@ -53,37 +50,17 @@ def register_reward(name: str, *, batch: bool = False, inline_safe: bool = False
         raise ValueError(f"invalid verifier name {name!r} (must be non-empty and contain no ':')")
 
     def decorator(fn: VerifierFn) -> VerifierFn:
-        existing = _REGISTRY.get(name)
-        if existing is not None and not _same_function(existing, fn):
-            raise ValueError(
-                f"reward {name!r} is already registered to "
-                f"{existing.__module__}.{existing.__qualname__}"
-            )
+        REWARDS.refuse_taken(name, fn)
         fn.credo_batch = batch
         fn.credo_inline_safe = inline_safe
-        _REGISTRY[name] = fn
-        return fn
+        return REWARDS.add(name, fn)
 
     return decorator
 
 
-# Modules whose import registers built-in verifiers. Named, not imported here: the registry sits below them (the
-# agentic verifier, a method package, builds an engine and runs an agent loop), so it resolves them by name.
-BUILTIN_MODULES = ("credo.rewards.verifiers", "credo.rewards.code", "credo.rewards.reward_model",
-                   "credo.methods.agentic_verifier.reward", "credo.rewards.rg_score", "credo.rewards.humaneval",
-                   "credo.data.shapes")
-
-
-def _ensure_builtins() -> None:
-    """Import the built-in verifiers so that their names are registered."""
-    for name in BUILTIN_MODULES:
-        importlib.import_module(name)
-
-
 def list_rewards() -> list[str]:
     """Sorted names of all registered verifiers (built-ins included)."""
-    _ensure_builtins()
-    return sorted(_REGISTRY)
+    return REWARDS.names()
 
 
 def _import_path(path: str) -> VerifierFn:
@@ -105,22 +82,15 @@ def _import_path(path: str) -> VerifierFn:
 def get_reward_fn(name: str) -> VerifierFn:
     """Return the verifier registered as ``name``, or import it from ``"package.module:function"``.
 
-    An unknown name raises ``KeyError`` listing the registered names and the closest match.
-    Import errors of a user module propagate unchanged.
+    An unknown name raises ``KeyError`` (:class:`credo.registry.UnknownName`) naming the closest match and the
+    registered names. Import errors of a user module propagate unchanged.
     """
     if ":" in name:
         return _import_path(name)
-    _ensure_builtins()
     try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = sorted(_REGISTRY)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(
-            f"unknown reward {name!r}.{hint} Registered: {', '.join(known)}; "
-            "or pass an import path 'package.module:function'."
-        ) from None
+        return REWARDS.get(name)
+    except UnknownName as exc:
+        raise UnknownName(f"{exc}; or pass an import path 'package.module:function'") from None
 
 
 def to_result(value: Any) -> RewardResult:
