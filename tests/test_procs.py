@@ -341,7 +341,7 @@ class _FakeRay:
 @pytest.fixture
 def fake_ray(monkeypatch):
     """A recording ``ray`` for credo.distributed.ray_launch.connect; Ray's loopback switches restored after."""
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from ray._private import ray_constants
 
     import credo.distributed.ray_pools as pools

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from credo.procs import started_from_main_thread
-from credo.sandbox.isolation import MODE_ENV, SandboxUnavailable, resolve_mode
+# SandboxUnavailable is re-exported: credo.sandbox imports it from this module
+from credo.sandbox.isolation import MODE_ENV, SandboxUnavailable, resolve_mode  # noqa: F401
 from credo.sandbox.preflight import check_isolation
 from credo.sandbox.languages import LANGUAGES
 from credo.sandbox.limits import COMPILE_LIMITS, SE, Limits

@@ -8,7 +8,6 @@ reason (the old code reads the bomb and reports something else, or crashes).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import yaml
