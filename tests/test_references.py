@@ -23,10 +23,12 @@ OUT_OF_TREE = re.compile(r"shared/spec|\.\./shared|\bseeds/|\bspec/README|seed-a
 # A docs path as credo cites it: at the start of a word (not verl's ``verl/docs/...``), with an optional anchor.
 DOCS_PATH = re.compile(r"(?<![\w/.-])(docs/[\w./-]+?\.md)(#[\w-]+)?")
 ALGO_PAGE = re.compile(r"(?<![\w/.-])docs/algorithms/[\w.-]+\.md")
-# A formula line: a math name (optionally subscripted or with arguments) '=' an expression that holds an operator or
-# one of the functions the formulas use, e.g. ``L = -A r``, ``A_i = (R_i - mean_g R) / (std_g R + eps)``.
+# A formula line: a math name (optionally subscripted or with arguments) '=' an expression that holds an operator (not a
+# word's hyphen), a function call or one of the functions the formulas use, e.g. ``L = -A r``,
+# ``A_i = (R_i - mean_g R) / (std_g R + eps)``.
 FORMULA_LHS = re.compile(r"(?:^|[\s;:(])[A-Za-z][\w'~^{}]*(?:_\{?[\w,]+\}?)?(?:\([^()=]*\))?\s*=(?!=)\s*([^=;]+)")
-FORMULA_RHS = re.compile(r"[-+*/^]|\b(?:exp|log|min|max|clip|clamp|sum|mean|sqrt|sigmoid|whiten|gae|std|sg)\b")
+FORMULA_RHS = re.compile(r"(?:^|\s|\()[-+*/^]|\w\(|[\w)\]][*/^]|\b(?:exp|log|min|max|clip|clamp|sum|mean|sqrt|sigmoid|whiten|gae|"
+                         r"std|sg)\b")
 
 
 def text_files(root: Path) -> list[Path]:
@@ -76,7 +78,9 @@ def test_formula_detector_tells_formulas_from_prose():
     assert has_formula("L_t = 1/2 max((V_t - Ret_t)^2, (clip(V_t, V_old - k, V_old + k) - Ret_t)^2)")
     assert not has_formula("Group advantages reweighted per entropy-polarity branch (module docstring).")
     assert not has_formula("Defaults: ``kl_on=\"all\"``, gate = batch.")
+    assert has_formula("KL-Cov: no clipping, L = -A r, plus ppo_kl_coef |delta| on the top-k covariance tokens.")
     assert not has_formula("if x == y: return")
+    assert not has_formula("eps = low_entropy_clip on low-entropy tokens, high_entropy_clip on the top-20% ones.")
 
 
 def test_no_source_cites_the_out_of_tree_design_notes():
