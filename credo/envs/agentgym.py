@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from credo.envs.base import PREFIXES, EnvSpec, StepResult
 from credo.envs.client import EnvError, HTTPEnvClient, _is_number
+from credo.registry import Registry, UnknownName
 
 PREFIX = "agentgym:"
 MAX_ACTION_TEXT = 64 << 10  # model text past this many characters is not searched for an action
@@ -122,16 +123,14 @@ class AgentGymAdapter:
 
 _REACT = "Reply in this format, one action per reply:\nThought:\n<your reasoning>\n\nAction:\n<the action>"
 
-ADAPTERS: dict[str, AgentGymAdapter] = {}
+# an equal adapter registered again (a plugin module imported twice) is the same entry
+ADAPTERS: Registry[AgentGymAdapter] = Registry("AgentGym adapter", same=lambda a, b: a == b)
 
 
 def register_adapter(adapter: AgentGymAdapter) -> AgentGymAdapter:
     """Add ``adapter`` to the table (a plugin module's way to make ``agentgym:<name>`` known)."""
     adapter.check()
-    if adapter.name in ADAPTERS and ADAPTERS[adapter.name] != adapter:
-        raise ValueError(f"AgentGym adapter {adapter.name!r} is already registered")
-    ADAPTERS[adapter.name] = adapter
-    return adapter
+    return ADAPTERS.add(adapter.name, adapter)
 
 
 for _adapter in (
@@ -160,20 +159,15 @@ for _adapter in (
 
 
 def adapter_names() -> list[str]:
-    return sorted(ADAPTERS)
+    return ADAPTERS.names()
 
 
 def get_adapter(name: str, contract: dict | None = None) -> AgentGymAdapter:
     """The adapter ``name`` (``agentgym:`` prefix optional) with the fields of ``contract`` replaced."""
-    import difflib
-
-    name = name.removeprefix(PREFIX)
-    if name not in ADAPTERS:
-        close = difflib.get_close_matches(name, list(ADAPTERS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"no AgentGym adapter {name!r}{hint}; known: {', '.join(adapter_names())} (a plugin module "
-                       f"can add one with credo.envs.agentgym.register_adapter)")
-    adapter = ADAPTERS[name]
+    try:
+        adapter = ADAPTERS.get(name.removeprefix(PREFIX))
+    except UnknownName as exc:
+        raise UnknownName(f"{exc} (a plugin module can add one with credo.envs.agentgym.register_adapter)") from None
     if not contract:
         return adapter
     known = {f.name for f in dataclasses.fields(AgentGymAdapter)} - {"name"}
@@ -201,7 +195,7 @@ def remote_spec(env: str) -> EnvSpec:
                    parser=TextAction(adapter.action), instruction=adapter.instruction)  # type: ignore[arg-type]
 
 
-PREFIXES[PREFIX] = remote_spec
+PREFIXES.add(PREFIX, remote_spec)
 
 
 def is_remote(env: str) -> bool:

@@ -15,12 +15,12 @@ Task ids split into train (``0 <= id < EVAL_OFFSET``) and held-out evaluation (`
 """
 from __future__ import annotations
 
-import difflib
-import importlib
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
+
+from credo.registry import Registry
 
 EVAL_OFFSET = 1_000_000
 
@@ -77,43 +77,33 @@ class EnvSpec:
     tools: bool = False
 
 
-ENVS: dict[str, EnvSpec] = {}
+# The built-in environments' modules are named, imported on the first lookup or listing (``verify``, AgentV-RL's
+# agentic verifier, lives in its method package above this registry).
+ENVS: Registry[EnvSpec] = Registry("environment", builtins=(
+    "credo.envs.builtin", "credo.methods.agentic_verifier.env", "credo.envs.agentgym", "credo.envs.toolgraph",
+    "credo.envs.tooled"))
+# name prefixes resolved by a function instead of the registry ("agentgym:" -> credo.envs.agentgym.remote_spec),
+# filled by the built-in modules above
+PREFIXES: Registry[Callable[[str], EnvSpec]] = Registry("environment prefix")
 
 
 def register_env(spec: EnvSpec) -> EnvSpec:
-    if spec.name in ENVS and ENVS[spec.name] is not spec:
-        raise ValueError(f"environment {spec.name!r} is already registered")
-    ENVS[spec.name] = spec
-    return spec
-
-
-# Modules whose import registers built-in environments, resolved by name (``verify``, AgentV-RL's agentic
-# verifier, lives in its method package above this registry).
-BUILTIN_MODULES = ("credo.envs.builtin", "credo.methods.agentic_verifier.env", "credo.envs.agentgym",
-                   "credo.envs.toolgraph", "credo.envs.tooled")
-# name prefixes resolved by a function instead of the registry ("agentgym:" -> credo.envs.agentgym.remote_spec)
-PREFIXES: dict[str, Callable[[str], EnvSpec]] = {}
+    """Register ``spec`` under its name (a different spec under a taken name raises ValueError)."""
+    return ENVS.add(spec.name, spec)
 
 
 def list_envs() -> list[str]:
-    for name in BUILTIN_MODULES:
-        importlib.import_module(name)
-
-    return sorted(ENVS)
+    return ENVS.names()
 
 
 def get_env_spec(name: str) -> EnvSpec:
     """The spec of a registered environment, or of ``agentgym:<name>`` (an AgentGym server's contract from
     :data:`credo.envs.agentgym.ADAPTERS`)."""
-    list_envs()
+    ENVS.load_builtins()  # they register the prefixes too
     for prefix, resolve in PREFIXES.items():
         if name.startswith(prefix):
             return resolve(name)
-    if name not in ENVS:
-        close = difflib.get_close_matches(name, list(ENVS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"unknown environment {name!r}{hint}; registered: {', '.join(sorted(ENVS))}")
-    return ENVS[name]
+    return ENVS.get(name)
 
 
 def make_env(name: str, **params: Any) -> Env:

@@ -142,7 +142,7 @@ def test_a_plugin_module_registers_an_adapter_before_the_config_is_checked(tmp_p
         "register_adapter(AgentGymAdapter('mygame', 'Play.', reset_field='idx'))\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match="no AgentGym adapter 'mygame'"):
+    with pytest.raises(ConfigError, match="unknown AgentGym adapter 'mygame'"):
         load_config(None, ["agent.remote.env=mygame", *BASE])
     cfg = load_config(None, ["agent.remote.env=mygame", *BASE, "plugins+=my_gym_plugin"])
     assert cfg.plugins == ["my_gym_plugin"] and get_adapter("mygame").reset_field == "idx"

@@ -214,3 +214,19 @@ def test_server_killed_mid_episode():
         with pytest.raises(EnvError):
             client.step("<move>up</move>")
 
+
+
+def test_a_builtin_environment_is_listed_and_found_without_importing_its_module_first():
+    """The environment registry names its built-in modules (credo.registry.Registry builtins): the first listing
+    or lookup imports them, the AgentGym prefix included."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from credo.envs.base import get_env_spec, list_envs; "
+            "before = 'credo.envs.toolgraph' in sys.modules; names = list_envs(); "
+            "print(before, 'credo.envs.toolgraph' in sys.modules, 'toolgraph' in names, 'verify' in names)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True", "True"]
+    code = "from credo.envs.base import get_env_spec; print(get_env_spec('agentgym:textcraft').name)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "agentgym:textcraft"

@@ -428,7 +428,7 @@ def gate_server():
         with served(create_app("_gate")) as url:
             yield url
     finally:
-        ENVS.pop("_gate", None)
+        ENVS.remove("_gate")
 
 
 def _post(url: str, path: str, body: dict, out: list) -> None:
