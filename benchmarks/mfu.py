@@ -21,7 +21,7 @@ import torch
 from credo.algo import AggNorm
 from credo.config import load_config
 from credo.models.smollm2 import SMOLLM2_DIR, smollm2_architecture
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.optim import build_optimizer
 from credo.train.forward import ForwardOptions
 from credo.train.update import LossSpec, actor_loss

@@ -18,7 +18,7 @@ import torch
 
 from credo.config import ModelConfig
 from credo.models import build_model
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.forward import ForwardOptions, policy_logprobs
 from credo.types import Example, RewardResult, Trajectory
 

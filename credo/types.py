@@ -104,7 +104,7 @@ class TrainBatch:
     token_rewards: torch.Tensor | None = None  # (B, T) the rewards the estimator saw (last-token score + KL)
     flow_targets: torch.Tensor | None = None  # (B, T, K, C) flow critic: DFPO's targets (credo.train.flow_targets)
     flow_weights: torch.Tensor | None = None  # (B, T) flow critic: DFPO's uncertainty weights w_t
-    # how the rows were sampled, set once by credo.train.batch.collate: the trainer's forwards use this temperature
+    # how the rows were sampled, set once by credo.models.batch.collate: the trainer's forwards use this temperature
     temperature: float = 1.0  # the sampling temperature (rollout_logprobs are temperature-scaled at it)
     sampled: torch.Tensor | None = None  # (B,) bool: False for rows the engine did not sample (e.g. replayed answers)
     # vision-language policies: each row's image, normalised (credo.models.vision); None for text-only batches

@@ -24,7 +24,7 @@ from credo.guards import agent as agent_guards
 from credo.http_auth import resolve_token
 from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
 from credo.rollout.branching import branched_rollouts
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.collect.base import CollectorNeeds
 from credo.collect.config import AgentCollectorConfig, remote_adapter, remote_name, with_remote
 from credo.collect.horizon import horizon

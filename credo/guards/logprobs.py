@@ -3,7 +3,7 @@
 finite_logprobs: every loss token of a row the engine sampled (``response_mask`` 1, ``TrainBatch.sampled``) has a
 finite behaviour log-prob. credo never zero-fills a missing one (a log-prob of 0.0 reads as probability 1 and makes
 the PPO / IS ratio of that token exp(logprob) instead of ~1): the vLLM transports, the agent loop and
-:func:`credo.train.batch.collate` write NaN where the engine gave none, so the guard sees it here. Rows the engine did
+:func:`credo.models.batch.collate` write NaN where the engine gave none, so the guard sees it here. Rows the engine did
 not sample (replayed answers) are out of scope: their behaviour log-probs are the trainer's (the old-log-prob pass).
 Unless the guard raised, the offending tokens then leave the loss (``response_mask`` 0, log-prob slot 0.0), so no
 NaN reaches a loss in ``warn`` or ``off`` mode.

@@ -145,7 +145,7 @@ def recompute(model_dir: Path, cfg: RunConfig, rows: list[dict[str, Any]], width
               device: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """No-grad (log-probs, entropy), each (B, T), of the dumped responses under the policy in ``model_dir``."""
     from credo.models import load_model
-    from credo.train.batch import token_batch
+    from credo.models.batch import token_batch
     from credo.train.forward import ForwardOptions, batched_logprobs
 
     model_cfg = cfg.model if device is None else dataclasses.replace(cfg.model, device=device)

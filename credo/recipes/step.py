@@ -30,7 +30,7 @@ from credo.guards.logprobs import check_behaviour_logprobs, check_first_ratio
 from credo.models.lora import adapters_disabled, is_lora
 from credo.registry import Registry
 from credo.tracking.dump import rollout_records
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.flow_targets import CriticPassOptions, critic_pass
 from credo.train.forward import ForwardOptions, batched_logprobs
 from credo.train.stats import Timer

@@ -23,7 +23,7 @@ _MODELS: dict[tuple[str, str], Any] = {}
 def response_batch(tokenizer, prompts: list[str], responses: list[str]) -> TrainBatch:
     """Prompt + response (+ EOS) rows in credo's batch layout."""
     from credo.models.tokenizer import encode_prompt, encode_response
-    from credo.train.batch import token_batch
+    from credo.models.batch import token_batch
 
     return token_batch([encode_prompt(tokenizer, p) for p in prompts],
                        [encode_response(tokenizer, r) for r in responses], pad_id=tokenizer.pad_token_id)

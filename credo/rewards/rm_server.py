@@ -123,7 +123,7 @@ class BoundedScorer:
         """The reply of ``/score``: tokenised outside the lock, one forward of ``batch_size`` rows per lock hold."""
         import torch
 
-        from credo.train.batch import token_batch
+        from credo.models.batch import token_batch
         from credo.rewards.rm_scoring import rm_scores
 
         p_ids, r_ids, cut = self.encode(prompts, responses)

@@ -11,7 +11,7 @@ import torch
 
 from credo.algo import agg_loss
 from credo.models.tokenizer import encode_prompt, encode_response
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.forward import policy_logprobs
 from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
 from credo.types import Example, RewardResult, Trajectory

@@ -16,7 +16,7 @@ from credo.algo.dvpo import dvpo_critic_terms
 from credo.cli.main import main
 from credo.config import ConfigError, load_config
 from credo.models.value import HEAD_CONFIG, QuantileHead, ValueModel, VIBHead
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.tracking.metrics import read_metrics
 from credo.types import Example, RewardResult, Trajectory
 from tests.conftest import TINY_RUN, full_and_resumed_runs

@@ -262,7 +262,7 @@ def test_flow_loss_requirements_follow_the_tail_coefficients():
 
 # ------------------------------------------------------------------------------------------ the target pass
 def _batch(tok, n: int = 6):
-    from credo.train.batch import collate
+    from credo.models.batch import collate
     from credo.types import Example, RewardResult, Trajectory
 
     g = torch.Generator().manual_seed(0)

@@ -215,7 +215,7 @@ def test_gae_and_evpo_estimators_take_the_bootstrap_key():
 
 def test_batched_values_keep_environment_tokens_and_zero_padding(tiny_model):
     from credo.models import ValueModel
-    from credo.train.batch import collate
+    from credo.models.batch import collate
     from credo.train.forward import batched_values
     from credo.types import Example, RewardResult, Trajectory
 

@@ -321,7 +321,7 @@ _post = post_json
 
 def _local_score(rm_dir: Path, prompt_ids: list[int], response_ids: list[int]) -> float:
     from credo.models import ValueModel, load_tokenizer
-    from credo.train.batch import token_batch
+    from credo.models.batch import token_batch
     from credo.methods.reward_models.train import rm_scores
 
     model, tok = ValueModel.load(rm_dir, "cpu").eval(), load_tokenizer(rm_dir)

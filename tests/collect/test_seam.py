@@ -16,7 +16,7 @@ from credo.methods.attnrl.collector import TreeCollector
 from credo.methods.rlep.collector import ReplayCollector
 from credo.methods.vepo.select import VepoSelector
 from credo.recipes.stages import COLLECTOR_KEY, build_collector, build_token_selector, collector_state
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.token_select import AllTokens, EntropySelector
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 

@@ -165,7 +165,7 @@ def _traj(group: int, score: float, failed: bool) -> tuple[Trajectory, RewardRes
 def test_env_failed_episodes_leave_the_batch_and_the_group_statistics():
     from credo.algo import compute_advantages
     from credo.collect.agent import drop_env_failures
-    from credo.train.batch import collate
+    from credo.models.batch import collate
 
     # group 0: scores 1, 0, (failed), 1 | group 1: three failed and one valid | group 2: 0, 0, 1, 1 all valid
     rows = [(0, 1, False), (0, 0, False), (0, 0, True), (0, 1, False),

@@ -19,7 +19,7 @@ from credo.rollout import HFRolloutEngine
 from credo.rollout.agent_loop import Episode
 from credo.rollout.vllm_transport import InProcessVLLM, ServerVLLM, per_token
 from credo.tracking.metrics import read_metrics
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.update import UpdateOptions, update_policy
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.types import Example, RewardResult, SamplingParams, Trajectory

@@ -91,7 +91,7 @@ def test_lean_decoder_samples_with_the_synced_adapter():
     engine.update_weights(trainer, version=1)
     prompts = [Example("abc", "cba", "0"), Example("hello", "olleh", "1")]
     trajs = engine.generate(prompts, 3, SamplingParams(temperature=1.0, max_new_tokens=8))
-    from credo.train.batch import collate
+    from credo.models.batch import collate
     from credo.types import RewardResult
 
     batch = collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tok.pad_token_id)

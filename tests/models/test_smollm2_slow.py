@@ -27,7 +27,7 @@ def test_prepared_directory_is_plain_float32_without_quantiser_markers(smollm2):
 
 def test_engine_greedy_matches_transformers_generate_and_trainer_logprobs(smollm2):
     from credo.rollout import HFRolloutEngine
-    from credo.train.batch import collate
+    from credo.models.batch import collate
     from credo.train.forward import NAIVE, ForwardOptions, batched_logprobs
     from credo.types import Example, RewardResult, SamplingParams
 

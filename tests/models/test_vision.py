@@ -57,7 +57,7 @@ def _data(model, examples):
 
 def _batch(model, tok, examples, n=2, seed=0):
     from credo.rollout import HFRolloutEngine
-    from credo.train.batch import collate
+    from credo.models.batch import collate
 
     engine = HFRolloutEngine(model, tok, seed=seed)
     trajs = engine.generate(examples, n, SamplingParams(max_new_tokens=5))
@@ -213,7 +213,7 @@ def test_select_trim_and_collate_carry_the_images(tiny):
     assert torch.equal(trim(sub).pixel_values, sub.pixel_values)  # trimmed columns, not channels
     with pytest.raises(ValueError, match="no image"):
         t = dataclasses.replace(trajs[0], example=Example("x", "y"))
-        from credo.train.batch import collate
+        from credo.models.batch import collate
 
         collate([trajs[1], t], [RewardResult(0.0)] * 2, pad_id=0)
 

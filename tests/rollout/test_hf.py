@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from credo.rollout import HFRolloutEngine, RolloutEngine, filter_logits
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.forward import batched_logprobs
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 

@@ -68,7 +68,7 @@ def server_engine(policy, tmp_path_factory):
 
 
 def _trainer_logprobs(model, trajs, tok, temperature):
-    from credo.train.batch import collate
+    from credo.models.batch import collate
     from credo.train.forward import batched_logprobs
 
     batch = collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id=tok.pad_token_id)

@@ -130,7 +130,7 @@ def test_server_vocab_check_refuses_another_mapping_or_a_smaller_vocabulary():
 
 
 def test_server_teacher_places_each_rows_response_scores_and_zeroes_off_the_mask():
-    from credo.train.batch import collate
+    from credo.models.batch import collate
 
     trajs = [Trajectory(example=Example("p", "a"), group_id=0, prompt_ids=[1, 2], response_ids=[3, 4, 5],
                         rollout_logprobs=[-1.0] * 3, response_mask=[1, 0, 1], finish_reason="length"),
@@ -243,7 +243,7 @@ def test_weight_sync_probe_passes_a_real_sync_and_trips_on_a_stale_one(engine, p
 
 def _real_batch(tok):
     from credo.rollout import HFRolloutEngine
-    from credo.train.batch import collate
+    from credo.models.batch import collate
 
     student, _ = _model(0)
     prompts = [Example("rev abc=", "cba", "a"), Example("12+3=", "15", "b"), Example("rev hgfedc=", "cdefgh", "c")]

@@ -11,7 +11,7 @@ from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
 from credo.algo.logprobs import entropy_direction_from_logits, entropy_from_logits, logprobs_from_logits
 from credo.config import ModelConfig
 from credo.models import build_model
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.forward import (NAIVE, ForwardOptions, batched_logprobs, micro_batches, policy_logprobs,
                                  shared_prompts, trim)
 from credo.train.packing import first_fit, pack, token_budget_groups

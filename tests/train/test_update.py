@@ -10,7 +10,7 @@ from credo.algo import compute_advantages
 from credo.config import load_config
 from credo.train.update import UpdateOptions, update_policy
 from credo.rollout import HFRolloutEngine
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.forward import batched_logprobs
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.types import Example, RewardResult, SamplingParams

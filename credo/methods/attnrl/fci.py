@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from credo.methods.attnrl.algo import Span, fci_from_step_attention
-from credo.train.batch import token_batch
+from credo.models.batch import token_batch
 
 
 @contextlib.contextmanager

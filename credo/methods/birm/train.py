@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from credo.methods.birm.algo import birm_loss, birm_score, mc_labels, step_ends
-from credo.train.batch import token_batch
+from credo.models.batch import token_batch
 from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
 from credo.types import Example, SamplingParams
 

@@ -22,7 +22,7 @@ from credo.methods.vepo.algo import (chunked_grounding_stats, grounding_sensitiv
                                   top_fraction_mask, vepo_scores)
 from credo.algo.logprobs import entropy_from_logits
 from credo.models.tokenizer import encode_prompt
-from credo.train.batch import collate
+from credo.models.batch import collate
 from credo.train.forward import (ForwardOptions, _lm_head, _pad_to, _scatter, in_forward, response_hidden,
                                  response_logits, trim)
 from credo.methods.vepo.grounding import example_spans, get_perturbation, perturbation_rng, prompt_offset

@@ -102,7 +102,7 @@ def test_logratio_birm_starts_neutral_and_round_trips(tmp_path):
     from credo.config import ModelConfig
     from credo.models import build_model
     from credo.methods.birm.model import BiRewardModel, LogRatioBiRM
-    from credo.train.batch import token_batch
+    from credo.models.batch import token_batch
 
     policy, tok = build_model(ModelConfig(hidden_size=32, intermediate_size=64), seed=0)
     model = LogRatioBiRM.from_policy(policy, beta=0.3)

@@ -237,7 +237,7 @@ def test_copied_tokens_are_more_grounding_sensitive_than_fixed_ones():
 def _copy_sensitivity_check():
     from credo.config import ModelConfig
     from credo.models import build_model
-    from credo.train.batch import collate
+    from credo.models.batch import collate
     from credo.train.forward import NAIVE, ForwardOptions
     from credo.train.sft import run_sft
     from credo.types import RewardResult
@@ -277,7 +277,7 @@ def _copy_sensitivity_check():
 def test_grounding_forward_paths_agree(tiny_model):
     """Naive logits, chunked, packed and shared-prompt forwards give the same statistics (micro-batched)."""
     from credo.models.tokenizer import build_char_tokenizer
-    from credo.train.batch import collate
+    from credo.models.batch import collate
     from credo.train.forward import NAIVE, ForwardOptions
     from credo.types import RewardResult
 

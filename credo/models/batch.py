@@ -1,4 +1,5 @@
-"""Turn trajectories and their rewards into a padded :class:`TrainBatch`."""
+"""Turn trajectories and their rewards into a padded :class:`TrainBatch`, the layout a model's forward pass reads
+(trainer, reward models, scoring); below the packages that build batches (rewards, train, methods)."""
 from __future__ import annotations
 
 import torch
