@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, ClassVar, TypeVar
 
+from credo.registry import Registry
 from credo.types import Example
 
 __all__ = [
@@ -92,7 +93,9 @@ class Task:
 
 TaskT = TypeVar("TaskT", bound=type[Task])
 
-TASKS: dict[str, type[Task]] = {}
+# credo.data imports these modules itself; naming them keeps the listing whole for a caller of this module alone
+TASKS: Registry[type[Task]] = Registry("task", builtins=("credo.data.code_task", "credo.data.humaneval_task",
+                                                         "credo.data.shapes"))
 
 
 def register_task(name: str) -> Callable[[TaskT], TaskT]:
@@ -101,11 +104,9 @@ def register_task(name: str) -> Callable[[TaskT], TaskT]:
     def deco(cls: TaskT) -> TaskT:
         if not (isinstance(cls, type) and issubclass(cls, Task) and dataclasses.is_dataclass(cls)):
             raise TypeError(f"register_task({name!r}) expects a Task dataclass, got {cls!r}")
-        if name in TASKS and TASKS[name] is not cls:
-            raise ValueError(f"task {name!r} is already registered to {TASKS[name].__qualname__}")
+        TASKS.refuse_taken(name, cls)
         cls.name = name
-        TASKS[name] = cls
-        return cls
+        return TASKS.add(name, cls)
 
     return deco
 
@@ -116,14 +117,12 @@ def _hint(word: str, choices: list[str]) -> str:
 
 
 def _task_class(name: str) -> type[Task]:
-    if name in TASKS:
-        return TASKS[name]
-    raise KeyError(f"unknown task {name!r}{_hint(name, list(TASKS))}; registered: {', '.join(sorted(TASKS))}")
+    return TASKS.get(name)
 
 
 def list_tasks() -> list[str]:
     """Names of all registered tasks, sorted (``rg:<dataset>`` names are resolved on use, not listed)."""
-    return sorted(TASKS)
+    return TASKS.names()
 
 
 RG_PREFIX = "rg:"  # task names "rg:<dataset>": a reasoning-gym dataset (credo.data.reasoning_gym_task)
