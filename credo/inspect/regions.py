@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from credo.registry import Registry
+
 MASKED, ZERO_ADV, IN_RANGE = "masked", "zero-adv", "in-range"
 
 
@@ -40,14 +42,15 @@ class RegionInputs:
 
 
 RegionFn = Callable[[RegionInputs], list[tuple[str, torch.Tensor]]]
-REGION_FNS: dict[str, RegionFn] = {}
+# policy loss name -> its region reading; a loss without one is read by generic_regions
+REGION_FNS: Registry[RegionFn] = Registry("loss region reading")
 
 
 def register_regions(*names: str) -> Callable[[RegionFn], RegionFn]:
     """Register ``fn(inputs) -> [(label, bool (B, T)), ...]`` (first match wins) for the losses ``names``."""
     def deco(fn: RegionFn) -> RegionFn:
         for name in names:
-            REGION_FNS[name] = fn
+            REGION_FNS.add(name, fn)
         return fn
 
     return deco
@@ -126,7 +129,7 @@ def _aepo(inputs: RegionInputs) -> list[tuple[str, torch.Tensor]]:
 def region_labels(loss_name: str, inputs: RegionInputs) -> list[list[str]]:
     """(B, T) labels: ``masked`` outside the loss mask, ``zero-adv`` where A == 0, else the first matching
     region of the loss's reading (:data:`REGION_FNS`, else :func:`generic_regions`), else ``in-range``."""
-    fn = REGION_FNS.get(loss_name, generic_regions)
+    fn = REGION_FNS.get(loss_name) if loss_name in REGION_FNS else generic_regions
     b, t = inputs.advantages.shape
     labels = torch.zeros(b, t, dtype=torch.long)  # index into names; 0 = in-range
     names = [IN_RANGE]

@@ -29,26 +29,23 @@ import random
 import string
 from typing import Any, Callable
 
+from credo.registry import Registry, UnknownName
+
 Spans = list[tuple[int, int]]
 Perturbation = Callable[..., str]
 
-PERTURBATIONS: dict[str, Perturbation] = {}
+PERTURBATIONS: Registry[Perturbation] = Registry("perturbation")
 CLASSES = (string.digits, string.ascii_lowercase, string.ascii_uppercase)
 
 
 def register_perturbation(name: str) -> Callable[[Perturbation], Perturbation]:
-    def deco(fn: Perturbation) -> Perturbation:
-        PERTURBATIONS[name] = fn
-        return fn
-
-    return deco
+    return PERTURBATIONS.register(name)
 
 
-def lookup_callable(table: dict[str, Callable], name: str, kind: str) -> Callable:
-    """``table[name]``, or ``module:function`` imported; an unknown or non-callable name is a KeyError naming
-    ``kind`` and the built-ins (shared by the text and image perturbation registries)."""
-    if name in table:
-        return table[name]
+def lookup_callable(table: Registry[Callable], name: str) -> Callable:
+    """``table.get(name)``, or ``module:function`` imported; an unknown or non-callable name is a KeyError naming
+    the table's kind and its entries (shared by the text and image perturbation registries)."""
+    kind = table.kind
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
@@ -58,12 +55,15 @@ def lookup_callable(table: dict[str, Callable], name: str, kind: str) -> Callabl
         if not callable(fn):
             raise KeyError(f"{kind} {name!r} is not callable")
         return fn
-    raise KeyError(f"unknown {kind} {name!r}; built-in: {', '.join(sorted(table))}, or module:function")
+    try:
+        return table.get(name)
+    except UnknownName as exc:
+        raise UnknownName(f"{exc}; or module:function") from None
 
 
 def get_perturbation(name: str) -> Perturbation:
     """A registered perturbation, or ``module:function``; an unknown name is a KeyError."""
-    return lookup_callable(PERTURBATIONS, name, "perturbation")
+    return lookup_callable(PERTURBATIONS, name)
 
 
 def check_perturbation_args(name: str, args: dict[str, Any]) -> None:

@@ -33,24 +33,21 @@ import numpy as np
 import torch
 
 from credo.methods.vepo.grounding import lookup_callable
+from credo.registry import Registry
 
 Boxes = list[list[int]]
 ImagePerturbation = Callable[..., torch.Tensor]
 
-IMAGE_PERTURBATIONS: dict[str, ImagePerturbation] = {}
+IMAGE_PERTURBATIONS: Registry[ImagePerturbation] = Registry("image perturbation")
 
 
 def register_image_perturbation(name: str) -> Callable[[ImagePerturbation], ImagePerturbation]:
-    def deco(fn: ImagePerturbation) -> ImagePerturbation:
-        IMAGE_PERTURBATIONS[name] = fn
-        return fn
-
-    return deco
+    return IMAGE_PERTURBATIONS.register(name)
 
 
 def get_image_perturbation(name: str) -> ImagePerturbation:
     """A registered image perturbation, or ``module:function``; an unknown name is a KeyError."""
-    return lookup_callable(IMAGE_PERTURBATIONS, name, "image perturbation")
+    return lookup_callable(IMAGE_PERTURBATIONS, name)
 
 
 def check_image_perturbation_args(name: str, args: dict[str, Any]) -> None:
