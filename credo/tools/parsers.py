@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from credo.registry import Registry
+
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN = "<tool_call>"
 
@@ -170,10 +172,11 @@ class Qwen3CoderParser:
                        + "</function>\n</tool_call>" for c in calls)
 
 
-PARSERS: dict[str, ToolParser] = {"hermes": HermesParser(), "qwen3_coder": Qwen3CoderParser()}
+PARSERS: Registry[ToolParser] = Registry("tool-call parser")
+PARSERS.add("hermes", HermesParser())
+PARSERS.add("qwen3_coder", Qwen3CoderParser())
 
 
 def get_parser(name: str) -> ToolParser:
-    if name not in PARSERS:
-        raise KeyError(f"unknown tool-call parser {name!r}; known: {', '.join(sorted(PARSERS))}")
-    return PARSERS[name]
+    """The parser registered as ``name`` (KeyError ``unknown tool-call parser ... (did you mean ...)``)."""
+    return PARSERS.get(name)
