@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel
 
 from credo.models.build import quiet_transformers
+from credo.registry import Registry
 
 HEAD_FILE = "value_head.safetensors"
 HEAD_CONFIG = "value_head.json"
@@ -89,21 +90,30 @@ class VIBHead(torch.nn.Module):
         return CriticOutput(values=self.value(z).squeeze(-1).float(), kl=kl, aux=self.aux(z).squeeze(-1).float())
 
 
-def build_head(kind: str, hidden: int, /, **args) -> torch.nn.Module:  # positional: the flow head has a `hidden` arg
-    if kind == "scalar":
-        head = torch.nn.Linear(hidden, 1)
-        torch.nn.init.zeros_(head.weight)  # V = 0 at the start: advantages = raw returns
-        torch.nn.init.zeros_(head.bias)
-        return head
-    if kind == "quantile":
-        return QuantileHead(hidden, **args)
-    if kind == "vib":
-        return VIBHead(hidden, **args)
-    if kind == "flow":
-        from credo.models.flow_head import FlowHead
+# critic.head -> factory(hidden, **head_args) -> the head module (positional hidden: the flow head has a `hidden` arg)
+CRITIC_HEADS: Registry[Any] = Registry("critic head")
+CRITIC_HEADS.add("quantile", QuantileHead)
+CRITIC_HEADS.add("vib", VIBHead)
 
-        return FlowHead(hidden, **args)
-    raise ValueError(f"unknown critic head {kind!r}; choose scalar, quantile, vib or flow")
+
+@CRITIC_HEADS.register("scalar")
+def scalar_head(hidden: int, /, **_ignored) -> torch.nn.Module:  # head_args were never checked for it
+    head = torch.nn.Linear(hidden, 1)
+    torch.nn.init.zeros_(head.weight)  # V = 0 at the start: advantages = raw returns
+    torch.nn.init.zeros_(head.bias)
+    return head
+
+
+@CRITIC_HEADS.register("flow")
+def flow_head(hidden: int, /, **args) -> torch.nn.Module:
+    from credo.models.flow_head import FlowHead
+
+    return FlowHead(hidden, **args)
+
+
+def build_head(kind: str, hidden: int, /, **args) -> torch.nn.Module:
+    """The critic head ``kind`` (UnknownName, a ValueError, for an unregistered kind)."""
+    return CRITIC_HEADS.get(kind)(hidden, **args)
 
 
 class ValueModel(torch.nn.Module):
