@@ -6,6 +6,9 @@ wording and exit code (``credo: LABEL: ...``; docs/security.md lists them):
 - 75 (``EX_TEMPFAIL``), ``preempted``: SIGTERM / SIGUSR1 arrived; the step in progress was finished and a
   checkpoint written (``credo.recipes.preemption.Preempted``): resume with ``credo train --resume RUN``.
 
+The bad configuration itself is a :class:`ConfigError` (exit code 2, ``credo: config error: ...``): defined here, at
+the bottom of the package graph, so that any package may raise it (``credo.config`` re-exports it).
+
 Nothing here imports anything, so the command line catches them without loading the trainer.
 """
 from __future__ import annotations
@@ -19,3 +22,7 @@ class RunStopped(Exception):
 
     label = "stopped"
     exit_code = 1
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message is one line and names the key."""

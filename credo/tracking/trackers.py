@@ -22,8 +22,8 @@ is set to ``true`` (MLflow 3 would otherwise fetch its telemetry config from con
 usage events), and an offline W&B run sets ``WANDB_ERROR_REPORTING=false`` (wandb-core would otherwise resolve
 its error-reporting host); a value the user set is kept.
 
-Failures: an unknown or repeated name is a :class:`ConfigError` of the config loader
-(:func:`credo.config.loader.validate_trackers`); a missing package one of the preflight (:func:`check_trackers`).
+Failures: an unknown or repeated name is a :class:`ConfigError` of the config loader (:func:`validate_trackers`,
+which the loader calls); a missing package one of the preflight (:func:`check_trackers`).
 A tracker that fails while the run goes on (network, disk, server) warns once, is switched off for the rest of
 the run, and the run continues with JSONL / TensorBoard.
 
@@ -34,6 +34,7 @@ and the same trackio run (same name, ``resume="allow"``).  A tracker added on re
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib
 import io
@@ -51,13 +52,13 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from credo.config.loader import ConfigError, validate_trackers
-from credo.config.schema import TRACKERS
+from credo.errors import ConfigError
 from credo.tracking.atomic import atomic_write_text
 
 __all__ = ["TRACKERS", "STATE_FILE", "Tracker", "TrackerSet", "check_trackers", "open_trackers", "flatten",
            "mlflow_metric_name"]
 
+TRACKERS = ("wandb", "mlflow", "trackio")  # the names log.trackers takes
 STATE_FILE = "trackers.json"  # tracker run ids, read on resume
 MLFLOW_PARAM_MAX = 6000  # MLflow's limit on one param value (characters)
 MLFLOW_WAIT_EVERY = 100  # MLflow rows logged in the background between two waits for them
@@ -79,6 +80,18 @@ class Tracker(Protocol):
 
 
 # ------------------------------------------------------------------------------------------ checks
+
+
+def validate_trackers(log: Any) -> None:
+    """``log.trackers`` names known trackers (:data:`TRACKERS`), each once; whether their packages are installed is
+    the preflight's check (:func:`check_trackers`)."""
+    for name in log.trackers:
+        if name not in TRACKERS:
+            close = difflib.get_close_matches(str(name), TRACKERS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"log.trackers: unknown tracker {name!r}{hint}; trackers: {', '.join(TRACKERS)}")
+        if log.trackers.count(name) > 1:
+            raise ConfigError(f"log.trackers: {name} is listed twice")
 
 
 def check_trackers(log: Any) -> None:
