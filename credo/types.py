@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from credo.registry import Registry
+
 if TYPE_CHECKING:  # torch stays out of this module so reward worker processes start fast
     import torch
 
@@ -93,7 +95,6 @@ class TrainBatch:
     group_ids: torch.Tensor  # (B,) long
     old_logprobs: torch.Tensor | None = None  # (B, T)
     ref_logprobs: torch.Tensor | None = None  # (B, T)
-    teacher_logprobs: torch.Tensor | None = None  # (B, T) on-policy distillation's teacher (credo.methods.distill)
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
     entropy: torch.Tensor | None = None  # (B, T) from the old-log-prob pass
@@ -110,17 +111,46 @@ class TrainBatch:
     # vision-language policies: each row's image, normalised (credo.models.vision); None for text-only batches
     pixel_values: torch.Tensor | None = None  # (B, 3, H, W) float
 
+    # a method's own tensors, under names its package declares (:data:`BATCH_EXTRAS`): (B, ...) per row, or
+    # (B, T, ...) per response token (sliced with the rows by ``select`` and with the columns by micro-batch trims)
+    extras: dict[str, Any] = field(default_factory=dict)
+
     @property
     def batch_size(self) -> int:
         return int(self.responses.shape[0])
 
     def select(self, idx: torch.Tensor) -> "TrainBatch":
-        """Rows ``idx`` of every tensor field (for mini- and micro-batches)."""
+        """Rows ``idx`` of every tensor field and extra (for mini- and micro-batches)."""
         out = {}
         for name in self.__dataclass_fields__:
             v = getattr(self, name)
             out[name] = v[idx] if hasattr(v, "index_select") else v
+        out["extras"] = {k: v[idx] if hasattr(v, "index_select") else v for k, v in self.extras.items()}
         return TrainBatch(**out)
+
+    def extra(self, name: str) -> Any:
+        """The extra ``name`` (declared in :data:`BATCH_EXTRAS`; KeyError naming the writer when it is absent)."""
+        if name not in self.extras:
+            spec = BATCH_EXTRAS.get(name)  # UnknownName (with a suggestion) for an undeclared name
+            raise KeyError(f"batch extra {name!r} is absent: {spec} writes it, and did not run on this batch")
+        return self.extras[name]
+
+    def set_extra(self, name: str, value: Any) -> None:
+        """Add or replace the declared extra ``name``."""
+        BATCH_EXTRAS.get(name)
+        self.extras[name] = value
+
+
+# batch extra name -> who writes it and what it holds; a method declares its extras once (``declare_extra``), so a
+# misspelt name fails with a suggestion instead of reading nothing
+BATCH_EXTRAS: Registry[str] = Registry("batch extra", builtins=("credo.methods.distill.terms",),
+                                       same=lambda a, b: a == b)
+
+
+def declare_extra(name: str, description: str) -> str:
+    """Declare the batch extra ``name`` (``description``: its writer, shape and meaning); returns the name."""
+    BATCH_EXTRAS.add(name, description)
+    return name
 
 
 @dataclass

@@ -29,7 +29,7 @@ import torch
 from credo.config import RunConfig
 from credo.data.sampler import prompt_sampler
 from credo.data.source import TaskData, drop_overlong, format_prompts, model_context
-from credo.distributed import DataParallel
+from credo.train.data_parallel import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.guards import Guards
@@ -171,7 +171,7 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
     transforms = build_transforms(BuildContext(cfg, model, tokenizer, run_dir))
     return Parts(model=model, tokenizer=tokenizer, engine=engine, runner=runner, optimizer=optimizer,
                  scheduler=_scheduler(cfg, optimizer), data=data, logger=logger, collector=collector,
-                 transforms=transforms, plan=build_plan(cfg, collector, transforms), rollout=rollout, dp=dp,
+                 transforms=transforms, plan=build_plan(cfg, transforms), rollout=rollout, dp=dp,
                  guards=guards)
 
 

@@ -44,9 +44,9 @@ def shardable(cfg: RunConfig) -> bool:
     return c.type != "agent" and not getattr(c, "filter_groups", False)
 
 
-def build_plan(cfg: RunConfig, collector: Collector, transforms) -> StepPlan:
-    """The passes of the run's steps, from what the estimator, the policy loss, the loss terms, the transforms,
-    the critic loss and the collector declare (credo.train.plan)."""
+def build_plan(cfg: RunConfig, transforms) -> StepPlan:
+    """The passes of the run's steps, from what the estimator, the policy loss, the loss terms, the transforms and
+    the critic loss declare (credo.train.plan; the collector's ``needs`` are asked every step)."""
     a = cfg.algo
     critic = needs_critic(cfg)
     return step_plan(
@@ -55,8 +55,7 @@ def build_plan(cfg: RunConfig, collector: Collector, transforms) -> StepPlan:
         term_reads=tuple(r for t in build_loss_terms(cfg) for r in t.reads),
         transform_reads=tuple(r for t in transforms for r in t.reads),
         critic_reads=critic_loss_requirements(cfg.critic.loss, cfg.critic.loss_args) if critic else (),
-        critic=critic, collector_needs_pass=collector.needs.old_logprob_pass,
-        one_step_off=cfg.rollout.one_step_off, bypass_loss=policy_loss_uses_rollout_logprobs(a.policy_loss))
+        critic=critic, one_step_off=cfg.rollout.one_step_off, bypass_loss=policy_loss_uses_rollout_logprobs(a.policy_loss))
 
 
 def collector_state(saved: dict[str, Any]) -> dict[str, Any]:

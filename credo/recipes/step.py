@@ -50,7 +50,8 @@ def rl_step(cfg, parts, state, *, step: int) -> dict[str, float]:
             return io.metrics | timer.metrics() | parts.guards.metrics() | {"train/skipped_step": 1}
         batch = collate_rollouts(parts, rollouts)                                  # 3. collate
         fused = parts.plan.fused(batch_size=batch.batch_size, ppo_epochs=cfg.train.ppo_epochs,
-                                 mini_batch_size=cfg.train.mini_batch_size, mode=cfg.train.old_logprob_pass)
+                                 mini_batch_size=cfg.train.mini_batch_size, mode=cfg.train.old_logprob_pass,
+                                 collector_needs_pass=parts.collector.needs.old_logprob_pass)
         token_stats = {} if fused else old_logprob_pass(cfg, parts, batch, io, state)  # 4. forward passes
         critic_values(cfg, parts, batch, io)
         reference_pass(cfg, parts, batch, io)

@@ -1,7 +1,7 @@
 """Which passes an RL step runs, derived from what its pieces declare they read.
 
 The pieces are the advantage estimator (``needs``), the policy loss (``needs``), the loss terms and the batch
-transforms (``reads``), the critic loss (``needs``) and the collector (``needs.old_logprob_pass``). From the union of
+transforms (``reads``), the critic loss (``needs``), and the collector (``needs.old_logprob_pass``, asked every step). From the union of
 what they read the trainer decides::
 
     reference pass   something reads ref_logprobs or ref_entropy (a KL term, KL in the reward, VRPO's critic)
@@ -44,17 +44,21 @@ class StepPlan:
     def ref_entropy(self) -> bool:
         return "ref_entropy" in self.reads
 
-    def fused(self, *, batch_size: int, ppo_epochs: int, mini_batch_size: int | None, mode: str) -> bool:
+    def fused(self, *, batch_size: int, ppo_epochs: int, mini_batch_size: int | None, mode: str,
+              collector_needs_pass: bool) -> bool:
         """Whether this step skips the separate old-log-prob pass (its log-probs are the update's own, detached):
-        ``train.old_logprob_pass=auto``, nothing requires the pass, and either one optimizer step on the whole batch
-        (the policy has not moved when the loss is computed) or a loss whose old log-probs are the sampler's."""
+        ``train.old_logprob_pass=auto``, nothing requires the pass (``collector_needs_pass``: the collector's
+        ``needs`` this step, e.g. replayed rows once a pool exists), and either one optimizer step on the whole
+        batch (the policy has not moved when the loss is computed) or a loss whose old log-probs are the
+        sampler's."""
         one_step = ppo_epochs == 1 and (mini_batch_size or batch_size) >= batch_size
-        return mode == "auto" and not self.pass_required and (one_step or self.fusable_multi_step)
+        return mode == "auto" and not self.pass_required and not collector_needs_pass \
+            and (one_step or self.fusable_multi_step)
 
 
 def step_plan(*, estimator_inputs: tuple[str, ...], loss_reads: tuple[str, ...], term_reads: tuple[str, ...],
               transform_reads: tuple[str, ...], critic_reads: tuple[str, ...], critic: bool,
-              collector_needs_pass: bool, one_step_off: bool, bypass_loss: bool) -> StepPlan:
+              one_step_off: bool, bypass_loss: bool) -> StepPlan:
     """The plan from the declarations. ``one_step_off``: the batch was sampled by the previous policy, so its
     log-probs under the current one need the pass; ``bypass_loss``: the policy loss reads the sampler's log-probs."""
     own = {"entropy"}  # a policy loss's entropy is its own forward's (with gradient), not the pass's
@@ -63,5 +67,5 @@ def step_plan(*, estimator_inputs: tuple[str, ...], loss_reads: tuple[str, ...],
     reference = bool(reads & REFERENCE_OUTPUTS)
     # the reference pass reports actor/kl against the old log-probs; a critic's warm-up steps skip the policy update
     # (no fused pass to take the log-probs from)
-    required = bool(reads & PASS_OUTPUTS) or reference or critic or one_step_off or collector_needs_pass
+    required = bool(reads & PASS_OUTPUTS) or reference or critic or one_step_off
     return StepPlan(tuple(estimator_inputs), reads, reference, critic, required, bypass_loss)

@@ -24,9 +24,10 @@ from credo.algo.distill import distill_advantages, distill_loss_tokens, distill_
 from credo.methods.distill.teacher import load_teacher, teacher_logprobs
 from credo.train.loss_terms import LOSS_TERMS, TermInputs
 from credo.train.transforms import BATCH_TRANSFORMS, BuildContext, StepIO
-from credo.types import TrainBatch
+from credo.types import TrainBatch, declare_extra
 
-TEACHER_LOGPROBS = "teacher_logprobs"  # the batch extra this method writes: (B, T) log pi_T(y_t), 0 off the response
+TEACHER_LOGPROBS = declare_extra("teacher_logprobs", "on-policy distillation (credo.methods.distill): (B, T) the "
+                                 "teacher's log-probs of the student's tokens, 0 off the response")
 
 
 @dataclass(frozen=True)
@@ -47,16 +48,16 @@ class DistillTeacher:
         if batch.old_logprobs is None:
             raise RuntimeError("distillation needs the student's old log-probs; the old-log-prob pass did not run")
         with io.timer("teacher"):
-            batch.teacher_logprobs = self.score(batch)  # (B, T)
-        mask = batch.response_mask
-        kl = reverse_kl_tokens(batch.old_logprobs, batch.teacher_logprobs, mask)  # (B, T)
+            batch.set_extra(TEACHER_LOGPROBS, self.score(batch))  # (B, T)
+        teacher, mask = batch.extra(TEACHER_LOGPROBS), batch.response_mask
+        kl = reverse_kl_tokens(batch.old_logprobs, teacher, mask)  # (B, T)
         io.metrics["distill/reverse_kl"] = float(masked_mean(kl, mask))
-        io.metrics["distill/teacher_logprob"] = float(masked_mean(batch.teacher_logprobs, mask))
+        io.metrics["distill/teacher_logprob"] = float(masked_mean(teacher, mask))
         io.metrics["distill/student_logprob"] = float(masked_mean(batch.old_logprobs, mask))
         if self.mode != "reward":
             return batch, rewards
-        return batch, distill_token_rewards(rewards, batch.old_logprobs, batch.teacher_logprobs, mask,
-                                            coef=self.coef, reward_weight=self.reward_weight)
+        return batch, distill_token_rewards(rewards, batch.old_logprobs, teacher, mask, coef=self.coef,
+                                            reward_weight=self.reward_weight)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class DistillAdvantages:
     writes: tuple[str, ...] = ("advantages",)
 
     def __call__(self, batch: TrainBatch, rewards: Any, io: StepIO) -> tuple[TrainBatch, Any]:
-        batch.advantages = distill_advantages(batch.advantages, batch.old_logprobs, batch.teacher_logprobs,
+        batch.advantages = distill_advantages(batch.advantages, batch.old_logprobs, batch.extra(TEACHER_LOGPROBS),
                                               batch.response_mask, coef=self.coef,
                                               reward_weight=self.reward_weight)
         io.metrics["distill/advantage_mean"] = float(masked_mean(batch.advantages, batch.response_mask))
@@ -95,7 +96,7 @@ class DistillLoss:
         return None
 
     def __call__(self, x: TermInputs) -> tuple[float, torch.Tensor]:
-        tokens = distill_loss_tokens(x.logprobs, x.batch.teacher_logprobs, self.estimator)
+        tokens = distill_loss_tokens(x.logprobs, x.batch.extra(TEACHER_LOGPROBS), self.estimator)
         return self.coef, agg_loss(tokens, x.batch.response_mask, x.agg, norm=x.norm)
 
 
