@@ -69,3 +69,23 @@ def test_refuse_taken_checks_a_name_without_importing_the_builtins():
     r.refuse_taken("free", 1)  # no import of the (missing) built-in module, no error
     with pytest.raises(ValueError, match=r"widget 'f' is already registered \(to tests\.test_registry\."):
         r.refuse_taken("f", 2)
+
+
+# every name -> entry table of credo's pluggable choices, and one built-in each (found without importing its module)
+TABLES = [("credo.algo.registry", "POLICY_LOSSES", "ppo"), ("credo.algo.registry", "ADVANTAGE_ESTIMATORS", "grpo"),
+          ("credo.algo.critic", "CRITIC_LOSSES", "clipped_mse"), ("credo.rewards.registry", "REWARDS", "humaneval"),
+          ("credo.envs.base", "ENVS", "verify"), ("credo.envs.base", "PREFIXES", "agentgym:"),
+          ("credo.envs.agentgym", "ADAPTERS", "textcraft"), ("credo.data.tasks", "TASKS", "humaneval"),
+          ("credo.tools.parsers", "PARSERS", "qwen3_coder"), ("credo.models.value", "CRITIC_HEADS", "flow"),
+          ("credo.methods.vepo.grounding", "PERTURBATIONS", "shuffle"),
+          ("credo.methods.vepo.image", "IMAGE_PERTURBATIONS", "patch_blacken"),
+          ("credo.inspect.regions", "REGION_FNS", "gmpo")]
+
+
+@pytest.mark.parametrize(("module", "attr", "builtin"), TABLES, ids=[t[1] for t in TABLES])
+def test_every_table_is_a_registry_that_lists_its_builtins(module, attr, builtin):
+    table = getattr(__import__("importlib").import_module(module), attr)
+    assert isinstance(table, Registry)
+    assert builtin in table.names() and table.get(builtin) is table[builtin]
+    with pytest.raises(UnknownName, match=f"unknown {table.kind} 'zz_no_such'.*; registered: .*{builtin}"):
+        table.get("zz_no_such")
