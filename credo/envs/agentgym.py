@@ -69,8 +69,10 @@ def action_sql(text: str) -> str | None:
     return action or None
 
 
-EXTRACTORS: dict[str, Callable[[str], str | None]] = {"line": action_line, "after": action_after,
-                                                      "react": action_react, "sql": action_sql}
+# AgentGymAdapter.action -> how the action is cut out of the model's text (a plugin may register another)
+EXTRACTORS: Registry[Callable[[str], str | None]] = Registry("AgentGym action extractor")
+for _name, _fn in (("line", action_line), ("after", action_after), ("react", action_react), ("sql", action_sql)):
+    EXTRACTORS.add(_name, _fn)
 
 
 @dataclass(frozen=True)
