@@ -5,7 +5,7 @@ Every command that takes a configuration accepts ``--config PRESET`` (a YAML fil
 name from ``configs/``) and any number of ``key=value`` overrides (``train.lr=1e-3``). A bad
 configuration is reported in one line naming the key, with exit code 2, before any model is built.
 
-Errors: a bad setting or a check of :mod:`credo.config.preflight` (device, model directory, vLLM, reward module,
+Errors: a bad setting or a check of :mod:`credo.recipes.preflight` (device, model directory, vLLM, reward module,
 run directory permissions) is one line and exit 2, before the run directory exists; a missing file, an existing
 run, a data or other input error, a runtime guard in error mode (``credo: guard error: ...``) is one line and
 exit 1; an environment outage (``credo: environment failure: ...``) exits 3 and a preemption (SIGTERM / SIGUSR1:
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from credo.recipes.cli_common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
-from credo.config.preflight import preflight
+from credo.recipes.preflight import preflight
 from credo.errors import RunStopped
 from credo.guards import GuardError
 from credo.http_server import add_limit_args, limits_from_args

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from credo.config.fields import opt, type_key
+from credo.config.validate import ConfigError, did_you_mean, register_validator, wrap
 
 
 @dataclass
@@ -116,3 +117,116 @@ def remote_adapter(a: AgentCollectorConfig, env: str):
     r = a.remote
     ranges = {k: v for k, v in (("train_ids", r.train_ids), ("eval_ids", r.eval_ids)) if v is not None}
     return get_adapter(env, {**r.contract, **ranges})
+
+
+# ----------------------------------------------------------------------------- load-time checks
+
+@register_validator("rollout.collector.agent")
+def validate_agent(cfg) -> None:
+    """The agent collector (``rollout.collector``, ``type: agent``): env names, their parameters, stages, horizon
+    schedule and branching arguments."""
+    if cfg.rollout.collector.type != "agent":
+        return
+    from credo.envs import make_env
+
+    _check_remote(cfg)
+    a = with_remote(cfg.rollout.collector)
+    if cfg.model.path is None and cfg.model.max_position_embeddings < a.max_response_tokens + 64:
+        raise ConfigError(f"model.max_position_embeddings: {cfg.model.max_position_embeddings} positions cannot hold "
+                          f"an episode of rollout.collector.max_response_tokens={a.max_response_tokens} plus its prompt; set it "
+                          f"to >= {a.max_response_tokens + 64} or lower rollout.collector.max_response_tokens")
+    if a.envs and a.stages:
+        raise ConfigError("rollout.collector.stages: set either rollout.collector.envs (one mixture) or rollout.collector.stages (a sequence), not both")
+    for i, env in enumerate(a.envs):
+        known_env(f"rollout.collector.envs[{i}]", env)
+    if a.env_weights is not None:
+        if len(a.env_weights) != len(a.envs) or not all(isinstance(w, (int, float)) and w >= 0 for w in a.env_weights) \
+                or not sum(a.env_weights) > 0:
+            raise ConfigError(f"rollout.collector.env_weights: expected {len(a.envs)} non-negative numbers (one per rollout.collector.envs "
+                              f"entry) with a positive sum, got {a.env_weights!r}")
+    for i, stage in enumerate(a.stages):
+        if not isinstance(stage, dict) or set(stage) != {"envs", "steps"} or not isinstance(stage["envs"], list) \
+                or not stage["envs"] or not isinstance(stage["steps"], int) or stage["steps"] < 1:
+            raise ConfigError(f"rollout.collector.stages[{i}]: expected {{envs: [name, ...], steps: N>=1}}, got {stage!r}")
+        for j, env in enumerate(stage["envs"]):
+            known_env(f"rollout.collector.stages[{i}].envs[{j}]", env)
+    used = set(a.envs) | {e for s in a.stages for e in s["envs"]}
+    for i, env in enumerate(a.eval_envs):
+        known_env(f"rollout.collector.eval_envs[{i}]", env)
+    for section in ("env_params", "server_urls"):
+        for env in getattr(a, section):
+            known_env(f"rollout.collector.{section}.{env}", env)
+    for env, params in a.env_params.items():
+        if env.startswith("agentgym:"):
+            raise ConfigError(f"rollout.collector.env_params.{env}: an AgentGym server takes no parameters from credo "
+                              f"(its contract: agent.remote.contract)")
+        if not isinstance(params, dict):
+            raise ConfigError(f"rollout.collector.env_params.{env}: expected a mapping of parameters, got {params!r}")
+        wrap(f"rollout.collector.env_params.{env}", lambda: make_env(env, **params))
+    for env, url in a.server_urls.items():
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"rollout.collector.server_urls.{env}: expected an http(s) URL, got {url!r}")
+        if env not in used and env not in a.eval_envs:
+            raise ConfigError(f"rollout.collector.server_urls.{env}: {env!r} is neither trained nor evaluated")
+    for env in sorted(used | set(a.eval_envs)):
+        if env.startswith("agentgym:") and env not in a.server_urls:
+            raise ConfigError(f"{env}: an AgentGym environment needs its server's URL (agent.remote.url, or "
+                              f"rollout.collector.server_urls.{env})")
+    _check_horizon_and_branching(a)
+
+
+def known_env(key: str, name) -> str:
+    """``name`` is a registered environment (``credo list envs``) or an AgentGym adapter ``agentgym:<env>``."""
+    from credo.envs import list_envs
+
+    if isinstance(name, str) and name.startswith("agentgym:"):
+        from credo.envs.agentgym import get_adapter
+
+        wrap(key, lambda: get_adapter(name))
+        return name
+    if not isinstance(name, str) or name not in list_envs():
+        raise ConfigError(f"{key}: unknown environment {name!r}{did_you_mean(name, list_envs())}; environments: "
+                          f"{', '.join(list_envs())}")
+    return name
+
+
+def _check_remote(cfg) -> None:
+    """``rollout.collector.remote`` (``agent.remote``): a known adapter, an http(s) URL, id ranges, contract fields;
+    no warm start from demonstrations (an AgentGym server has no oracle credo can call)."""
+    r = cfg.rollout.collector.remote
+    if r.env is None:
+        for key in ("url", "train_ids", "eval_ids", "instruction"):
+            if getattr(r, key) is not None:
+                raise ConfigError(f"agent.remote.{key}: set agent.remote.env too (the AgentGym environment it serves)")
+        return
+    if not isinstance(r.url, str) or not r.url.startswith(("http://", "https://")):
+        raise ConfigError(f"agent.remote.url: expected the http(s) URL of the {r.env} server, got {r.url!r}")
+    for key in ("train_ids", "eval_ids"):
+        value = getattr(r, key)
+        if value is not None and not (isinstance(value, list) and len(value) == 2):
+            raise ConfigError(f"agent.remote.{key}: expected [lo, hi), got {value!r}")
+    a = cfg.rollout.collector
+    wrap("agent.remote", lambda: remote_adapter(a, remote_name(a)))
+    if cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
+        raise ConfigError("warm_start.steps: an AgentGym environment has no oracle to imitate; set "
+                          "warm_start.steps=0 (or start from a model trained elsewhere: model.path)")
+
+
+def _check_horizon_and_branching(a: AgentCollectorConfig) -> None:
+    """The agent collector's horizon schedule and branching arguments."""
+    from credo.rollout.branching import AEPO_DEFAULTS, ARPO_DEFAULTS
+
+    if a.horizon_schedule == "stepwise":
+        if not a.horizon_rounds or not all(isinstance(h, int) and h >= 1 for h in a.horizon_rounds):
+            raise ConfigError(f"rollout.collector.horizon_rounds: stepwise needs a non-empty list of turn caps >= 1, "
+                              f"got {a.horizon_rounds!r}")
+    elif a.horizon_rounds:
+        raise ConfigError("rollout.collector.horizon_rounds: only used with rollout.collector.horizon_schedule=stepwise")
+    if a.branching == "none" and a.branch_args:
+        raise ConfigError("rollout.collector.branch_args: only used with rollout.collector.branching=arpo or aepo")
+    if a.branching != "none":
+        known = ARPO_DEFAULTS if a.branching == "arpo" else AEPO_DEFAULTS
+        for key in a.branch_args:
+            if key not in known:
+                raise ConfigError(f"rollout.collector.branch_args.{key}: {a.branching} has no parameter {key!r}"
+                                  f"{did_you_mean(key, known)}; it takes: {', '.join(known)}")

@@ -1,9 +1,10 @@
 """Config field helpers, importable by any config module (method packages included) without importing the
 schema: ``opt`` (a key with its default, help text and bounds), ``choice`` (a section whose ``type`` picks its
-dataclass) and ``resolve_class``.
+dataclass), ``section`` (an optional section, null = off) and ``resolve_class``.
 
-A choice names its options as ``"package.module:Class"`` strings, so the schema sits below the method packages
-that define them (nothing here imports a method); :func:`register_choice` adds a user's own option.
+A choice names its options, and an optional section its dataclass, as ``"package.module:Class"`` strings, so the
+schema sits below the method packages that define them (nothing here imports a method); :func:`register_choice`
+adds a user's own option.
 """
 from __future__ import annotations
 
@@ -31,6 +32,13 @@ def choice(default: str, options: dict[str, str], help: str = ""):
     :func:`register_choice`) in the field's metadata."""
     return field(default_factory=lambda: resolve_class(options[default])(),
                  metadata={"help": help, "choice": options, "default_type": default})
+
+
+def section(path: str, help: str = ""):
+    """An optional section, null (off) by default, whose keys are those of the dataclass at ``path``
+    (``"module:Class"``, imported when the section is set). The field is annotated ``Any``: the loader, the
+    reference and the unknown-key suggestions read the class from the metadata."""
+    return field(default=None, metadata={"help": help, "section": path})
 
 
 def register_choice(options: dict[str, str], name: str, target: str | type) -> None:

@@ -29,6 +29,8 @@ def _rows(cls: type, prefix: str, note: str = "") -> list[str]:
         if "choice" in f.metadata:
             nested.append((f, key))
             continue
+        if "section" in f.metadata:  # an optional section named by "module:Class" (credo.config.fields.section)
+            section = resolve_class(f.metadata["section"])
         if section is not None and f.default is None:
             nested.append((f"| `{key}` | `null` | {f.metadata.get('help', '')} |", None))
             nested.append((section, key + "."))
@@ -74,14 +76,13 @@ def _fmt(value: typing.Any) -> str:
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 RM_START, RM_END = "<!-- config-reference-rm:start -->", "<!-- config-reference-rm:end -->"
+RM_ROOT = "credo.methods.reward_models.config:RmRunConfig"  # credo rm train's root config (a method's: by name)
 
 
 def rm_reference_markdown() -> str:
     """``credo rm train``'s own sections (its other sections are those of ``credo train``)."""
-    from credo.methods.reward_models.config import RmRunConfig
-
     lines = ["| key | default | meaning |", "|---|---|---|"]
-    rows = _rows(RmRunConfig, "")
+    rows = _rows(resolve_class(RM_ROOT), "")
     lines += [r for r in rows if r.startswith(("| `rm.", "| `birm.", "| `idrm."))]
     return "\n".join(lines) + "\n"
 

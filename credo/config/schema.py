@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from credo.config.fields import choice, opt, type_key
-from credo.methods.rlep.config import ReplayConfig
-from credo.methods.distill.config import DistillConfig
+from credo.config.fields import choice, opt, section, type_key
 
 # the options of the choice sections (type -> "module:Class"; credo.config.fields.register_choice adds one)
 COLLECTORS = {"group": "credo.config.schema:GroupCollectorConfig",
@@ -451,7 +449,7 @@ class RunConfig:
                                "guard/<name>_trips", factory=GuardsConfig)
     token_select: Any = choice("none", TOKEN_SELECTORS, "which response tokens the policy loss credits: none = all, "
                                "entropy = the top-entropy forking tokens, vepo = VEPO's grounding-sensitive ones")
-    replay: ReplayConfig | None = opt(None, "RLEP experience replay (credo.methods.rlep): null = off, or a section "
-                                      "with replay.pool")
-    distill: DistillConfig | None = opt(None, "on-policy distillation (credo.methods.distill): null = off, or a "
-                                        "section with distill.teacher.path")
+    replay: Any = section("credo.methods.rlep.config:ReplayConfig", "RLEP experience replay (credo.methods.rlep): "
+                          "null = off, or a section with replay.pool")
+    distill: Any = section("credo.methods.distill.config:DistillConfig", "on-policy distillation "
+                           "(credo.methods.distill): null = off, or a section with distill.teacher.path")

@@ -5,11 +5,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from credo.config.fields import opt, type_key
+from credo.config.validate import ConfigError, register_validator
 
 
 @dataclass
 class TreeCollectorConfig:
-    provides: ClassVar[tuple[str, ...]] = ("tree_paths",)  # row inputs an estimator may read (credo.config.loader)
+    provides: ClassVar[tuple[str, ...]] = ("tree_paths",)  # row inputs an estimator may read (credo.config.validate)
     type: str = type_key("tree", "AttnRL tree rollouts: n = rollout.group_size samples per prompt, FCI step scores "
                          "from an attention pass, branches at high-FCI steps, TreeRL segment advantages "
                          "(algo.advantage=attnrl)")
@@ -46,3 +47,21 @@ class TreeCollectorConfig:
     max_prompts: int | None = opt(None, "dynamic batch: upper bound on the prompts per step (null = none, as the "
                                   "release)", min=1)
     fci_micro_batch: int = opt(16, "sequences per attention forward of the FCI pass", min=1)
+
+
+@register_validator("rollout.collector.tree")
+def validate_attnrl(cfg) -> None:
+    """AttnRL's tree collector: the pieces that assume plain groups or another process's policy are refused."""
+    kind, d = cfg.rollout.collector.type, cfg.distributed
+    if kind != "tree":
+        return
+    if cfg.algo.advantage == "attnrl" and cfg.algo.kl_in_reward:
+        raise ConfigError("algo.kl_in_reward: not implemented with algo.advantage=attnrl (the tree values use the "
+                          "leaf scores); put the KL in the loss (kl_in_reward=false)")
+    for key, bad, why in (
+            ("distributed.rollout", d.backend == "torchrun" and d.rollout == "shard",
+             "the dynamic batch size is per run, not per rank; use distributed.rollout=replicate"),
+            ("rollout.one_step_off", cfg.rollout.one_step_off and (d.backend == "ray" or cfg.rollout.engine != "hf"),
+             "the FCI pass needs the sampling policy's in-process copy (rollout.engine=hf without Ray)")):
+        if bad:
+            raise ConfigError(f"{key}: not implemented with rollout.collector.type=tree ({why})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from credo.config.fields import opt
+from credo.config.validate import register_validator, wrap
 
 DISTILL_MODES = ("advantage", "reward", "loss")
 
@@ -35,9 +36,15 @@ class DistillConfig:
                          "k2 (and k1+, k3+) give the per-token reverse-KL gradient, plain k1 a zero-mean one")
 
 
+@register_validator("distill")
+def validate_distill_section(cfg) -> None:
+    """:func:`validate_distill`, its ValueError reported as a ConfigError under ``distill``."""
+    wrap("distill", lambda: validate_distill(cfg))
+
+
 def validate_distill(cfg) -> None:
     """A distill section names exactly one teacher and a known estimator; ValueError otherwise (the config loader
-    reports it as a ConfigError under ``distill``)."""
+    reports it as a ConfigError under ``distill``: :func:`validate_distill_section`)."""
     from credo.algo.kl import canonical_kl
 
     d = cfg.distill

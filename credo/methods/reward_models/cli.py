@@ -8,7 +8,7 @@ from pathlib import Path
 
 from credo.recipes.cli_common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
-from credo.config.preflight import check_device, preflight
+from credo.recipes.preflight import check_device, preflight
 from credo.http_server import add_limit_args, limits_from_args
 
 

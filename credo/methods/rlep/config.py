@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from credo.config.fields import opt
+from credo.config.validate import ConfigError, register_validator
 
 
 @dataclass
@@ -29,3 +30,20 @@ class ReplayConfig:
                                    "answers", min=1)
     collect_prompts: int | None = opt(None, "credo rlep collect: training prompts to sample (null = all)", min=1)
     collect_negatives: bool = opt(False, "credo rlep collect: also store failed answers (for replay.negative)")
+
+
+@register_validator("replay")
+def validate_replay(cfg) -> None:
+    """A replay pool: single-turn groups only, something replayed, a warm-start pool in one process only."""
+    p, kind = cfg.replay, cfg.rollout.collector.type
+    if p is None or p.pool is None:  # a section without a pool: `credo rlep collect` settings (training: preflight)
+        return
+    if kind != "group":
+        why = "agent episodes are not replayed" if kind == "agent" else "replayed answers have no rollout tree"
+        raise ConfigError(f"replay.pool: experience replay is for single-turn groups, rollout.collector.type=group "
+                          f"({why})")
+    if p.num == 0 and p.negative == 0:
+        raise ConfigError("replay.pool: set with replay.num=0 and replay.negative=0 replays nothing")
+    if p.pool == "warm_start" and cfg.distributed.backend != "none":
+        raise ConfigError("replay.pool=warm_start: not with distributed training (each rank would collect its own "
+                          "pool); collect one with `credo rlep collect` and set replay.pool to its path")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from credo.config.fields import opt, type_key
+from credo.config.validate import ConfigError, register_validator, wrap
 
 
 @dataclass
@@ -32,3 +33,23 @@ class VepoSelectConfig:
                                    "{patch: 8, prob: 0.5}; grey: {value: 0.5}; blur: {radius: 6})", factory=dict)
     image_regions: str = opt("whole", "where the image is perturbed: whole = the whole image; meta = the queried "
                              "object's boxes (Example.meta['regions'])", choices=("whole", "meta"))
+
+
+@register_validator("token_select.vepo")
+def validate_vepo(cfg) -> None:
+    """VEPO: a known perturbation with accepted arguments, single-turn prompts, one token selection at a time."""
+    v = cfg.token_select
+    if v.type != "vepo":
+        return
+    from credo.methods.vepo.grounding import check_perturbation_args, get_perturbation
+
+    wrap("token_select.perturb", lambda: get_perturbation(v.perturb))
+    wrap("token_select.perturb_args", lambda: check_perturbation_args(v.perturb, v.perturb_args))
+    from credo.methods.vepo.image import check_image_perturbation_args, get_image_perturbation
+
+    wrap("token_select.image_perturb", lambda: get_image_perturbation(v.image_perturb))
+    wrap("token_select.image_perturb_args", lambda: check_image_perturbation_args(v.image_perturb,
+                                                                                 v.image_perturb_args))
+    if cfg.rollout.collector.type == "agent":
+        raise ConfigError("token_select.type=vepo: not implemented for multi-turn agent episodes (VEPO perturbs the "
+                          "grounding span of a single-turn prompt)")

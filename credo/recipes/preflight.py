@@ -1,5 +1,6 @@
 """Checks of what a run needs from this machine and its files, made before any model is built or anything is
-written (``credo train`` / ``sft`` / ``rm train`` call :func:`preflight` before the run directory exists).
+written (``credo train`` / ``sft`` / ``rm train`` call :func:`preflight` before the run directory exists). It sits
+above the packages it asks (models, rollout engines, trackers), not in ``credo.config``.
 
 :func:`credo.config.load_config` validates the configuration itself; these checks look outside it:
 
@@ -25,8 +26,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from credo.config.loader import ConfigError
-from credo.config.schema import RunConfig
+from credo.config import ConfigError, RunConfig
 
 # what distill.teacher.path expects and how to get one (docs/algorithms/distill.md)
 TEACHER_HINT = ("distill.teacher.path expects a local Hugging Face model directory whose tokenizer is the student's: "
