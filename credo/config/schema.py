@@ -349,9 +349,6 @@ class TrackioConfig:
                           "trackio's own ($TRACKIO_DIR or ~/.cache/huggingface/trackio)")
 
 
-TRACKERS = ("wandb", "mlflow", "trackio")  # the names log.trackers takes (credo.tracking.trackers)
-
-
 @dataclass
 class LogConfig:
     trackers: list = opt(None, "experiment trackers that also get every metric and the resolved config: any of "
@@ -453,3 +450,5 @@ class RunConfig:
                           "null = off, or a section with replay.pool")
     distill: Any = section("credo.methods.distill.config:DistillConfig", "on-policy distillation "
                            "(credo.methods.distill): null = off, or a section with distill.teacher.path")
+    ext: dict = opt(None, "plugin methods' sections by name, e.g. ext.my_method.coef=0.1: each is checked against "
+                    "the dataclass its plugin registered (credo.config.ext; docs/extending.md)", factory=dict)

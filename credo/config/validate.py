@@ -43,6 +43,7 @@ BUILTIN_VALIDATORS = (
     "credo.methods.vepo.config",       # token_select.vepo
     "credo.methods.rlep.config",       # replay
     "credo.methods.distill.config",    # distill
+    "credo.config.ext",                # ext (plugin sections)
 )
 
 Validator = Callable[[Any], None]

@@ -1,23 +1,25 @@
-"""The collector and token-selector seams (credo.collect.base, credo.train.token_select, credo.recipes.stages), the
-batch's sampling record and the rollout coordinator of the distributed modes (credo.distributed.coordinator)."""
+"""The collector seam and registry (credo.collect.base, credo.collect.registry, credo.recipes.stages), the token
+selections as batch transforms (credo.train.transforms), the batch's sampling record and the rollout coordinator
+of the distributed modes (credo.distributed.coordinator)."""
 from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from credo.collect.agent import AgentCollector
 from credo.collect.base import CollectorNeeds
 from credo.collect.group import GroupCollector, Rollouts
 from credo.config import load_config
-from credo.distributed import LOCAL
+from credo.train.data_parallel import LOCAL
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.methods.attnrl.collector import TreeCollector
 from credo.methods.rlep.collector import ReplayCollector
 from credo.methods.vepo.select import VepoSelector
-from credo.recipes.stages import COLLECTOR_KEY, build_collector, build_token_selector, collector_state
+from credo.recipes.stages import build_collector
 from credo.models.batch import collate
-from credo.train.token_select import AllTokens, EntropySelector
+from credo.train.transforms import BuildContext, TopEntropyTokens, build_transforms
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 
@@ -68,27 +70,16 @@ def test_the_factory_chooses_the_collector_once_from_the_config(tmp_path):
     assert replay.needs.old_logprob_pass
 
 
-def test_token_selectors_declare_their_needs():
+def test_token_selections_are_policy_phase_transforms_that_declare_their_reads(tmp_path):
+    def policy_transforms(cfg):
+        return [t for t in build_transforms(BuildContext(cfg, None, None, tmp_path)) if t.phase == "policy"]
+
+    assert policy_transforms(load_config()) == []  # token_select.type=none: nothing between advantages and update
     cfg = load_config(None, ["token_select.type=entropy", "token_select.quantile=0.2"])
-    assert type(build_token_selector(load_config(), None, None)) is AllTokens
-    entropy = build_token_selector(cfg, None, None)
-    assert entropy == EntropySelector(0.2) and entropy.needs.old_logprob_pass
-    assert not EntropySelector(1.0).needs.old_logprob_pass  # keeps every token
-    vepo = build_token_selector(load_config("vepo"), None, None)
-    assert type(vepo) is VepoSelector and vepo.needs.old_logprob_pass
-    assert not AllTokens().needs.old_logprob_pass
-
-
-def test_collector_state_reads_checkpoints_written_before_the_seam(tmp_path):
-    legacy = {"run": {"step": 2, "attnrl": {"batch_size": 3}}, "sampler": {"drawn": 8},
-              "stage_samplers": [], "replay": None}
-    state = collector_state(legacy)
-    assert state == {"sampler": {"drawn": 8}, "stage_samplers": [], "replay": None, "attnrl": {"batch_size": 3}}
-    tree = _build(load_config("attnrl"), tmp_path)
-    tree.load_state_dict(state)
-    assert tree.sampler.drawn == 8 and tree.state == {"batch_size": 3}
-    assert collector_state({COLLECTOR_KEY: tree.state_dict()}) == tree.state_dict() == {
-        "sampler": {"drawn": 8}, "attnrl": {"batch_size": 3}}
+    assert policy_transforms(cfg) == [TopEntropyTokens(0.2)] and TopEntropyTokens(0.2).reads == ("entropy",)
+    assert policy_transforms(load_config(None, ["token_select.type=entropy", "token_select.quantile=1.0"])) == []
+    [vepo] = policy_transforms(load_config("vepo"))
+    assert type(vepo.selector) is VepoSelector and "old_logprobs" in vepo.reads
 
 
 class _Engine:
@@ -117,19 +108,18 @@ def test_coordinator_syncs_once_per_version_and_prefetches_the_next_step():
     from credo.train.stats import Timer
 
     engine, collector = _Engine(), _Collector()
-    coord = RolloutCoordinator(LOCAL, one_step_off=True, steps=3, sampling=SamplingParams(temperature=0.9))
+    coord = RolloutCoordinator(LOCAL, one_step_off=True, steps=3)
     coord.attach(model=torch.nn.Linear(1, 1), engine=engine, runner=None, collector=collector)
     assert not coord.follower and coord.engine_seed(5) == 5 and coord.sampler("s") == "s"
+    with pytest.raises(RuntimeError, match="before sync_weights"):
+        coord.collect(0, Timer())  # the step's first line is its weight sync (credo/recipes/step.py)
+    coord.sync_weights(0, Timer())
     coord.collect(0, Timer())
     coord.evaluate(lambda: None, 0)  # waits for the batch in flight; the version is served already
     assert engine.versions == [0] and collector.steps == [0, 1]
     saved = coord.state_dict()
     assert saved["pending_rollouts"].sampling.temperature == 0.5 and saved["engine"] == {"versions": [0]}
+    coord.sync_weights(1, Timer())  # finishes the batch in flight, then serves version 1
     coord.collect(1, Timer())  # the prefetched batch; step 2 starts generating
     coord.idle()
     assert engine.versions == [0, 1] and collector.steps == [0, 1, 2]
-    # a pending batch saved before the rollouts recorded their sampling gets the run's
-    old = RolloutCoordinator(LOCAL, sampling=SamplingParams(temperature=0.9))
-    old.attach(model=None, engine=None, runner=None, collector=collector)
-    old.load_state_dict({"pending_rollouts": Rollouts([_traj(0)], [RewardResult(0.0)])})
-    assert old.pending.wait().sampling.temperature == 0.9

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_sft_term_is_exact_under_gradient_accumulation(tiny_model):
         torch.testing.assert_close(p - p0, q - p0, atol=1e-7, rtol=1e-4)
     assert m_whole["actor/sft_loss"] == pytest.approx(m_accum["actor/sft_loss"], rel=1e-5)
     # the SFT loss is the token-mean NLL over the correct responses only
-    from credo.train.update import correct_mask
+    from credo.train.loss_terms import correct_mask
 
     mask = correct_mask(batch, 1.0)
     logprobs, _ = batched_logprobs(model, batch, micro_batch_size=None)
@@ -87,11 +88,12 @@ def test_sft_term_is_exact_under_gradient_accumulation(tiny_model):
 
 
 def test_top_entropy_token_selection_keeps_the_requested_fraction(tiny_model):
-    from credo.recipes.stages import build_token_selector
     from credo.train.stats import Timer
+    from credo.train.transforms import BuildContext, StepIO, build_transforms, run_phase
 
-    def select_tokens(cfg, batch, metrics):  # the run's selector, as credo.recipes.rlvr builds and calls it
-        return build_token_selector(cfg, model, tok).select(batch, [], metrics, Timer(), step=0)
+    def select_tokens(cfg, batch, metrics):  # the run's policy-phase transforms, as credo.recipes.step runs them
+        transforms = build_transforms(BuildContext(cfg, model, tok, Path(".")))
+        return run_phase(transforms, "policy", batch, None, StepIO(metrics, Timer(), 0, []))[0]
 
     model, tok = tiny_model
     batch = _batch(model, tok)

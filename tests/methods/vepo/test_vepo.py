@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import random
-import types
 from pathlib import Path
 
 import pytest
@@ -317,8 +316,6 @@ def test_perturbed_batch_keeps_responses_and_rejects_foreign_prompt_ids():
 # ------------------------------------------------------------------------------------------ config and recipe
 
 def test_config_validation_and_no_fused_old_logprobs():
-    from credo.recipes.rlvr import fuse_old_logprobs
-
     cfg = load_config("vepo")
     v = cfg.token_select
     assert v.type == "vepo" and v.top_fraction == 0.2 and v.perturb == "shuffle"
@@ -328,14 +325,15 @@ def test_config_validation_and_no_fused_old_logprobs():
                        (["token_select.apply=nope"], "token_select.apply")):
         with pytest.raises(ConfigError, match=match):
             load_config("vepo", bad)
-    from credo.collect.base import CollectorNeeds
-    from credo.recipes.stages import build_token_selector
+    from credo.recipes.stages import build_plan
+    from credo.train.transforms import BuildContext, build_transforms
 
-    parts = types.SimpleNamespace(ref_model=None, critic=None, collector=types.SimpleNamespace(needs=CollectorNeeds()),
-                                  selector=build_token_selector(load_config("grpo"), None, None))
-    assert fuse_old_logprobs(load_config("grpo"), parts, (), 64)
-    parts.selector = build_token_selector(cfg, None, None)  # the run's stages, as credo.recipes.rlvr builds them
-    assert not fuse_old_logprobs(cfg, parts, (), 64)
+    def fused(c) -> bool:  # the plan the run derives from its transforms' declarations
+        plan = build_plan(c, build_transforms(BuildContext(c, None, None, Path("."))))
+        return plan.fused(batch_size=64, ppo_epochs=1, mini_batch_size=None, mode="auto", collector_needs_pass=False)
+
+    assert fused(load_config("grpo"))
+    assert not fused(cfg)  # VEPO's selection reads the behaviour policy's log-probs: the pass stays
 
 
 def test_preset_runs_through_the_cli(tmp_path: Path):
