@@ -23,8 +23,8 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from credo.collect.group import Prefetch, Rollouts
-from credo.distributed.data_parallel import DataParallel
-from credo.distributed.fsdp import full_state_dict, is_sharded, shard_policy
+from credo.train.data_parallel import DataParallel
+from credo.train.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
 from credo.distributed.staleness import AsyncPipeline, StalenessSchedule, snapshot, staleness_metrics
 from credo.guards.weights import check_weight_sync

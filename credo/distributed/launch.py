@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from credo.distributed.data_parallel import LOCAL, DataParallel
+from credo.train.data_parallel import LOCAL, DataParallel
 
 
 def init_data_parallel(cfg) -> DataParallel:

@@ -8,7 +8,7 @@ rendezvous) and each runs the same recipe function
 the single-process path runs, with its :class:`DataParallel`. Rank 0 is the leader: it builds the Ray rollout and
 reward pools (:mod:`credo.distributed.ray_pools`), collects each step's rollouts and evaluations through them,
 and broadcasts them to the other ranks (:func:`credo.distributed.rollout.from_leader`); every rank then computes
-the update on its share of the rows and the gradients are summed (:mod:`credo.distributed.data_parallel`).
+the update on its share of the rows and the gradients are summed (:mod:`credo.train.data_parallel`).
 After each update the leader ships the new weights to the rollout workers with the policy version.
 
 Paths are resolved on the driver and the ranks work in the driver's directory, so relative paths in the config
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from credo.config import ConfigError
-from credo.distributed.data_parallel import DataParallel
+from credo.train.data_parallel import DataParallel
 from credo.http_auth import is_loopback
 from credo.procs import reap_when_gone
 

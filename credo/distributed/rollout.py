@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, TypeVar
 
-from credo.distributed.data_parallel import DataParallel
+from credo.train.data_parallel import DataParallel
 from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
 

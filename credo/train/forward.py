@@ -8,7 +8,7 @@ import torch
 from credo.algo import entropy_from_logits, logprobs_from_logits
 from credo.algo.logprobs import check_token_stats, token_stats_from_logits
 from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
-from credo.distributed.fsdp import sharded_root
+from credo.train.fsdp import sharded_root
 from credo.models.compat import cache_kwargs, output_cache
 from credo.train.packing import pack, token_budget_groups, valid_responses
 from credo.train.shared_pack import packed_shared_hidden
@@ -150,7 +150,7 @@ def _scatter(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def in_forward(model: torch.nn.Module, fn, *args):
     """``fn(model, *args)``; for a policy sharded with FSDP2, inside its root's forward, which gathers the
-    parameters the backbone and the output head need (credo.distributed.fsdp)."""
+    parameters the backbone and the output head need (credo.train.fsdp)."""
     root = sharded_root(model)
     return fn(model, *args) if root is None else root(fn, *args)
 

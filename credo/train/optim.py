@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from credo.distributed.fsdp import plain_norm
+from credo.train.fsdp import plain_norm
 
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0,

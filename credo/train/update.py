@@ -21,7 +21,7 @@ from credo.algo import (AggNorm, compute_policy_loss, policy_loss_inert, policy_
                         policy_loss_uses_rollout_logprobs)
 from credo.algo.critic import compute_critic_loss
 from credo.algo.rollout_correction import rollout_is_weights
-from credo.distributed.data_parallel import LOCAL, DataParallel
+from credo.train.data_parallel import LOCAL, DataParallel
 from credo.guards.logprobs import FIRST_RATIO_METRIC, ratio_deviation
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_outputs, trim
 from credo.train.loss_terms import LossTerm, TermInputs, build_loss_terms
@@ -154,7 +154,7 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
     backward (the normalisers still count them, so the update is the one the whole mini-batch gives); with no
     live row the optimizer still steps, on zero gradients, as it would have. With ``dp`` over several ranks each
     rank runs its rows of every mini-batch and the gradients are summed before the step
-    (:mod:`credo.distributed.data_parallel`); losses are summed over ranks, token-weighted metrics are this
+    (:mod:`credo.train.data_parallel`); losses are summed over ranks, token-weighted metrics are this
     rank's."""
     a = opts.loss
     acc = MetricAccumulator()

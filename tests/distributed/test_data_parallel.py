@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from credo.algo import AGG_MODES
-from credo.distributed import LOCAL, DataParallel
+from credo.train.data_parallel import LOCAL, DataParallel
 
 F64 = torch.float64
 
@@ -37,7 +37,7 @@ def _update(model, batch, mode: str, dp: DataParallel, *, fsdp2: bool = False, o
     """One policy update with plain SGD at lr 1 and no clipping: parameters move by exactly minus the gradient.
     ``fsdp2``: the copy is sharded over the ranks first (the gradients compared are the gathered whole ones)."""
     from credo.config import load_config
-    from credo.distributed.fsdp import full_state_dict, shard_policy
+    from credo.train.fsdp import full_state_dict, shard_policy
     from credo.train.optim import build_scheduler
     from credo.train.update import UpdateOptions, update_policy
 

@@ -12,7 +12,7 @@ import torch
 from credo.cli.main import main
 from credo.collect.group import Rollouts
 from credo.config import ConfigError, load_config
-from credo.distributed import DataParallel
+from credo.train.data_parallel import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.distributed.staleness import AsyncPipeline, StalenessSchedule, snapshot, staleness_metrics
 from credo.rollout import HFRolloutEngine

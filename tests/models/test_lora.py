@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from credo.cli.main import main
 from credo.config import ConfigError, load_config
 from credo.config.schema import LoraConfig
-from credo.distributed import DataParallel
+from credo.train.data_parallel import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.guards import GuardError, Guards, GuardsConfig
 from credo.guards.weights import fingerprint_mismatch, weights_fingerprint

@@ -337,7 +337,7 @@ def fci_model(engine, policy, *, one_step_off: bool):
     served = getattr(engine, "model", None)
     if isinstance(served, torch.nn.Module):
         return served
-    from credo.distributed.fsdp import is_sharded
+    from credo.train.fsdp import is_sharded
 
     if one_step_off or is_sharded(policy):
         raise NotImplementedError("attnrl: the FCI pass needs the sampling policy in this process; with "

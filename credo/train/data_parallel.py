@@ -12,7 +12,7 @@ This is DDP's arithmetic (gradient all-reduce) without DDP's module wrapper: cre
 and the output head separately (chunked log-probs), which DDP's reducer does not see, and a rank may have no
 rows to run (all its rows skipped, or fewer micro-batches than another), which DDP's per-backward hooks would
 turn into a hang. There is no compute / communication overlap. The sharded variant (``distributed.strategy=fsdp2``)
-is :mod:`credo.distributed.fsdp`; the same loop drives it through :meth:`DataParallel.lockstep` and
+is :mod:`credo.train.fsdp`; the same loop drives it through :meth:`DataParallel.lockstep` and
 :meth:`DataParallel.backward_factor`.
 
 ``LOCAL`` (one process) makes every method a no-op, so the update loops have one code path.
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from credo.distributed.fsdp import is_sharded
+from credo.train.fsdp import is_sharded
 from credo.types import TrainBatch
 
 
@@ -50,7 +50,7 @@ class DataParallel:
 
     def lockstep(self, model: torch.nn.Module) -> bool:
         """Whether every backward through ``model`` is a collective (sharded with FSDP2,
-        :mod:`credo.distributed.fsdp`): the ranks must then run the same number of backwards."""
+        :mod:`credo.train.fsdp`): the ranks must then run the same number of backwards."""
         return self.enabled and is_sharded(model)
 
     def backward_factor(self, model: torch.nn.Module) -> float:
