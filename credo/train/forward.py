@@ -232,6 +232,8 @@ def trim(mb: TrainBatch) -> TrainBatch:
         elif isinstance(v, torch.Tensor) and v.dim() >= 2:  # (B, T) and (B, T, M) response tensors
             v = v[:, :t]
         out[name] = v
+    out["extras"] = {k: v[:, :t] if isinstance(v, torch.Tensor) and v.dim() >= 2 else v
+                     for k, v in mb.extras.items()}  # (B, T, ...) extras lose the same columns; (B,) ones are kept
     out["prompt_len"] = p - left
     return TrainBatch(**out)
 
