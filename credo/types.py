@@ -77,6 +77,16 @@ class RewardResult:
 
 
 @dataclass
+class Rollouts:
+    """One step's collected samples and their rewards, as a collector returns them."""
+
+    trajs: list[Trajectory]  # the samples to train on (group ids renumbered 0..K-1)
+    results: list[RewardResult]
+    metrics: dict[str, float] = field(default_factory=dict)
+    sampling: SamplingParams | None = None  # how the engine sampled them (None: a checkpoint older than the field)
+
+
+@dataclass
 class TrainBatch:
     """A padded batch ready for the policy forward pass.
 

@@ -28,11 +28,10 @@ from credo.models.batch import collate
 from credo.collect.base import CollectorNeeds
 from credo.collect.config import AgentCollectorConfig, remote_adapter, remote_name, with_remote
 from credo.collect.horizon import horizon
-from credo.collect.group import Rollouts
 from credo.rollout.tool_episode import oracle_episode, tool_metrics
 from credo.tracking.atomic import atomic_write_text
 from credo.train.stats import rollout_metrics
-from credo.types import Example, RewardResult, SamplingParams, Trajectory
+from credo.types import Example, RewardResult, Rollouts, SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
 

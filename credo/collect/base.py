@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from credo.train.stats import Timer
+    from credo.tracking.timer import Timer
     from credo.types import TrainBatch, Trajectory
 
 
@@ -42,7 +42,7 @@ class Collector(Protocol):
         """A new run (not a resumed one): called once after the step-0 evaluation, before the first step."""
 
     def collect(self, step: int, timer: Timer) -> Any:
-        """Generate and score the rollouts of 0-indexed RL ``step``: a :class:`credo.collect.group.Rollouts`
+        """Generate and score the rollouts of 0-indexed RL ``step``: a :class:`credo.types.Rollouts`
         (not imported here: credo.collect.group imports this module)."""
 
     def rewards(self, batch: TrainBatch, trajs: list[Trajectory]) -> torch.Tensor:

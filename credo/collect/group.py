@@ -11,22 +11,15 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from credo.collect.base import CollectorNeeds
 from credo.rewards.shaping import overlong_penalty
-from credo.train.stats import Timer, rollout_metrics
-from credo.types import RewardResult, SamplingParams, Trajectory
-
-
-@dataclass
-class Rollouts:
-    trajs: list[Trajectory]  # the samples to train on (group ids renumbered 0..K-1)
-    results: list[RewardResult]
-    metrics: dict[str, float] = field(default_factory=dict)
-    sampling: SamplingParams | None = None  # how the engine sampled them (None: a checkpoint older than the field)
+from credo.tracking.timer import Timer
+from credo.train.stats import rollout_metrics
+from credo.types import RewardResult, Rollouts, SamplingParams, Trajectory
 
 
 @dataclass(frozen=True)

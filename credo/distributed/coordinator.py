@@ -22,7 +22,8 @@ import copy
 import dataclasses
 from typing import Any, Callable, TypeVar
 
-from credo.collect.group import Prefetch, Rollouts
+from credo.collect.group import Prefetch
+from credo.types import Rollouts
 from credo.train.data_parallel import DataParallel
 from credo.train.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts

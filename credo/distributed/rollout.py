@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any, Callable, TypeVar
 
 from credo.train.data_parallel import DataParallel
-from credo.collect.group import Rollouts
 from credo.train.stats import rollout_metrics
+from credo.types import Rollouts
 
 T = TypeVar("T")
 

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from credo.train.fsdp import full_state_dict, is_sharded
-from credo.train.stats import Timer
+from credo.tracking.timer import Timer
 
 WAIT_S = 0.2  # how often a waiting thread re-checks that the pipeline was not closed
 

@@ -47,7 +47,7 @@ from credo.tracking.progress import StepProgress
 from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_state, save_checkpoint, set_rng_state
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.plan import StepPlan
-from credo.train.stats import Timer
+from credo.tracking.timer import Timer
 from credo.train.transforms import BuildContext, build_transforms
 
 log = logging.getLogger(__name__)

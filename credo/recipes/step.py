@@ -33,7 +33,7 @@ from credo.tracking.dump import rollout_records
 from credo.models.batch import collate
 from credo.train.flow_targets import CriticPassOptions, critic_pass
 from credo.train.forward import ForwardOptions, batched_logprobs
-from credo.train.stats import Timer
+from credo.tracking.timer import Timer
 from credo.train.transforms import StepIO, kl_metric, run_phase
 from credo.train.update import UpdateOptions, rollout_correction_mode, update_critic, update_policy
 from credo.types import AdvantageOutput, SamplingParams, TrainBatch

@@ -19,7 +19,7 @@ follows a ``latest`` pointer or step directory that leads outside ``RUN_DIR/chec
 
 Checkpoints written before manifests and the pickle-free format (``trainer_state.pt``, no ``MANIFEST.json``)
 are accepted with a warning; their trainer state is loaded with ``torch.load(weights_only=True)`` and an
-allow-list of the types they hold (:data:`LEGACY_GLOBALS`), anything else is refused.
+allow-list of the types they hold (:func:`legacy_globals`), anything else is refused.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ from safetensors import safe_open
 from credo.models import save_model
 from credo.tracking.atomic import atomic_write_text
 from credo.tracking.rundir import open_nofollow
-from credo.train.state_codec import DATACLASSES, JSON_FILE, StateFormatError, load_state, save_state
+from credo.types import Rollouts
+from credo.train.state_codec import JSON_FILE, STATE_TYPES, StateFormatError, load_state, save_state
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,15 @@ STALE_NAME = re.compile(r"\.(tmp|old)-step_[0-9]{6,}-[0-9]+")  # save_checkpoint
 # what a pre-manifest trainer_state.pt holds besides tensors and plain containers: numpy's RNG key array and the
 # one-step-off mode's pending rollouts (the same dataclasses the current format allows)
 _NP_CORE = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
-LEGACY_GLOBALS = [np.ndarray, np.dtype, _NP_CORE.multiarray._reconstruct, *DATACLASSES.values(),
-                  *([np.dtypes.UInt32DType] if hasattr(np, "dtypes") else [])]
+# state dataclasses that moved since such files were written, under the path the pickle names them by
+MOVED_STATE_TYPES = [(Rollouts, "credo.collect.group.Rollouts")]
+
+
+def legacy_globals() -> list[Any]:
+    """The globals a pre-manifest ``trainer_state.pt`` may name: numpy's array pieces and the trainer-state
+    dataclasses (:data:`credo.train.state_codec.STATE_TYPES`, built-ins included)."""
+    return [np.ndarray, np.dtype, _NP_CORE.multiarray._reconstruct, *(cls for _, cls in STATE_TYPES.items()),
+            *MOVED_STATE_TYPES, *([np.dtypes.UInt32DType] if hasattr(np, "dtypes") else [])]
 
 
 class CheckpointError(ValueError):
@@ -310,7 +318,7 @@ def _load_legacy(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path.parent} has no trainer state ({JSON_FILE} or {LEGACY_STATE})")
     try:
-        with torch.serialization.safe_globals(LEGACY_GLOBALS):
+        with torch.serialization.safe_globals(legacy_globals()):
             return torch.load(path, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -9,11 +9,15 @@ lists, string-keyed dicts) and tagged objects ``{"$type": ...}`` for the rest:
     dict        a dict with non-string keys (optimizer ``state`` is keyed by parameter index)
     ndarray     a numeric numpy array as a list with its dtype (numpy's RNG key)
     numpy       a numpy scalar
-    dataclass   one of the allow-listed dataclasses of :data:`DATACLASSES` (the one-step-off pending rollouts)
+    dataclass   one of the allow-listed dataclasses of :data:`STATE_TYPES` (the one-step-off pending rollouts)
     ref         a dataclass instance stored earlier in the file (AttnRL paths share their tree, as in memory)
 
 Decoding builds only these types: no class is looked up by a name from the file outside the allow-list, so a
 crafted file can at worst fail to load (:class:`StateFormatError`), never execute anything.
+
+The allow-list is a registry: the core state types (:mod:`credo.types`) are registered here, and a package whose
+own dataclasses go into the trainer state registers them where it defines them (:func:`register_state_type`), its
+module named among :data:`STATE_TYPES`' built-ins so that a checkpoint loads before that package was imported.
 """
 from __future__ import annotations
 
@@ -27,21 +31,39 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from credo.methods.attnrl.algo import Tree, TreePath
-from credo.collect.group import Rollouts
-from credo.types import Example, RewardResult, SamplingParams, Trajectory
+from credo.registry import Registry, UnknownName
+from credo.types import Example, RewardResult, Rollouts, SamplingParams, Trajectory
 
 JSON_FILE = "trainer_state.json"
 TENSOR_FILE = "trainer_state.safetensors"
 FORMAT = "credo-trainer-state/1"
 TAG = "$type"
-DATACLASSES: dict[str, type] = {c.__name__: c for c in (Rollouts, Trajectory, RewardResult, Example, Tree, TreePath,
-                                                         SamplingParams)}
+# class name -> dataclass the trainer state may hold; built-ins: the modules that register their own state types
+STATE_TYPES: Registry[type] = Registry("trainer-state type", builtins=("credo.methods.attnrl.algo",))
 NUMPY_KINDS = "biuf"  # bool, signed, unsigned, float: the numpy dtypes an array or scalar may have
 
 
 class StateFormatError(ValueError):
     """A trainer state file that is malformed or holds something outside the format."""
+
+
+def register_state_type(*classes: type) -> None:
+    """Allow instances of these dataclasses in the trainer state (stored by class name, so a name is one class)."""
+    for cls in classes:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls!r} is not a dataclass")
+        STATE_TYPES.add(cls.__name__, cls)
+
+
+register_state_type(Rollouts, Trajectory, RewardResult, Example, SamplingParams)
+
+
+def _state_type(name: str) -> type | None:
+    """The registered dataclass of this name, or None."""
+    try:
+        return STATE_TYPES.get(name)
+    except UnknownName:
+        return None
 
 
 def save_state(state: Any, directory: Path) -> None:
@@ -90,7 +112,7 @@ def encode(value: Any, tensors: dict[str, torch.Tensor], memo: dict[int, int]) -
         return {TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape), "data": value.ravel().tolist()}
     if isinstance(value, np.generic) and value.dtype.kind in NUMPY_KINDS:
         return {TAG: "numpy", "dtype": value.dtype.str, "value": value.item()}
-    if dataclasses.is_dataclass(value) and DATACLASSES.get(type(value).__name__) is type(value):
+    if dataclasses.is_dataclass(value) and _state_type(type(value).__name__) is type(value):
         if id(value) in memo:
             return {TAG: "ref", "id": memo[id(value)]}
         fields = {f.name: encode(getattr(value, f.name), tensors, memo) for f in dataclasses.fields(value) if f.init}
@@ -145,7 +167,7 @@ def _decode_tagged(data: dict[str, Any], tensors: dict[str, torch.Tensor], memo:
             raise StateFormatError("an ndarray's data does not match its shape")
         return np.array(values, dtype=dtype).reshape([int(n) for n in data["shape"]])
     if kind == "dataclass":
-        cls = DATACLASSES.get(data["name"])
+        cls = _state_type(str(data["name"]))
         if cls is None:
             raise StateFormatError(f"dataclass {data['name']!r} is not allowed in the trainer state")
         memo[len(memo)] = obj = cls(**{str(k): decode(v, tensors, memo) for k, v in data["fields"].items()})

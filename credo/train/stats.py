@@ -1,34 +1,14 @@
-"""Small helpers for step metrics: a stage timer, a micro-batch metric accumulator, rollout statistics."""
+"""Small helpers for step metrics: a micro-batch metric accumulator, rollout statistics (the stage timer is
+:class:`credo.tracking.timer.Timer`)."""
 from __future__ import annotations
 
 import math
 import numbers
 import statistics
-import time
 from collections import defaultdict
-from contextlib import contextmanager
-from typing import Iterator
 
 from credo.rewards.runner import NONFINITE
 from credo.types import RewardResult, Trajectory
-
-
-class Timer:
-    """``with timer("gen"): ...`` accumulates wall seconds under ``timing_s/gen``."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] += time.perf_counter() - t0
-
-    def metrics(self) -> dict[str, float]:
-        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
 
 
 class MetricAccumulator:

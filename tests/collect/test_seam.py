@@ -10,7 +10,7 @@ import torch
 
 from credo.collect.agent import AgentCollector
 from credo.collect.base import CollectorNeeds
-from credo.collect.group import GroupCollector, Rollouts
+from credo.collect.group import GroupCollector
 from credo.config import load_config
 from credo.train.data_parallel import LOCAL
 from credo.distributed.coordinator import RolloutCoordinator
@@ -20,7 +20,7 @@ from credo.methods.vepo.select import VepoSelector
 from credo.recipes.stages import build_collector
 from credo.models.batch import collate
 from credo.train.transforms import BuildContext, TopEntropyTokens, build_transforms
-from credo.types import Example, RewardResult, SamplingParams, Trajectory
+from credo.types import Example, RewardResult, Rollouts, SamplingParams, Trajectory
 
 
 def _traj(gid: int, info: dict | None = None) -> Trajectory:
@@ -105,7 +105,7 @@ class _Collector:
 
 
 def test_coordinator_syncs_once_per_version_and_prefetches_the_next_step():
-    from credo.train.stats import Timer
+    from credo.tracking.timer import Timer
 
     engine, collector = _Engine(), _Collector()
     coord = RolloutCoordinator(LOCAL, one_step_off=True, steps=3)

@@ -8,8 +8,9 @@ import pytest
 
 from credo.cli.main import main
 from credo.tracking.metrics import read_metrics
-from credo.collect.group import Prefetch, Rollouts
-from credo.train.stats import Timer
+from credo.collect.group import Prefetch
+from credo.types import Rollouts
+from credo.tracking.timer import Timer
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 
 RUN = [*TINY_RUN, "log.report=false", "log.tensorboard=false", "reward.name=tests.reward_fixtures:length_score",

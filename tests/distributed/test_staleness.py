@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from credo.cli.main import main
-from credo.collect.group import Rollouts
 from credo.config import ConfigError, load_config
 from credo.train.data_parallel import DataParallel
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.distributed.staleness import AsyncPipeline, StalenessSchedule, snapshot, staleness_metrics
 from credo.rollout import HFRolloutEngine
 from credo.tracking.metrics import read_metrics
-from credo.types import Example, SamplingParams, Trajectory
+from credo.types import Example, Rollouts, SamplingParams, Trajectory
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 
 RUN = [*TINY_RUN, "log.report=false", "log.tensorboard=false", "log.progress=false",

@@ -228,7 +228,7 @@ def test_a_template_that_strips_think_from_history_is_detected_and_ids_stay_appe
 
 def _collect(turns, guards: Guards, ids: tuple[int, ...] = (1, 2, 3, 4)):
     from credo.data import PromptSampler
-    from credo.train.stats import Timer
+    from credo.tracking.timer import Timer
 
     env = "calc_tools"
     a = AgentCollectorConfig(envs=[env], max_turns=2, max_tokens_per_turn=200, max_response_tokens=1000, threads=1)

@@ -16,6 +16,7 @@ from credo.cli.main import main
 from credo.train import checkpoint as ck
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from credo.tracking.metrics import read_metrics
+from credo.types import Rollouts
 from tests.conftest import TINY_RUN, full_and_resumed_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,7 +108,14 @@ def test_legacy_pickled_checkpoint_with_pending_rollouts_still_resumes(tmp_path:
     ckpt = run / "checkpoints" / "step_000002"
     state = load_trainer_state(ckpt)
     assert state["pending_rollouts"] is not None  # step 3's batch, generated while step 2 trained
-    _as_legacy(ckpt, state)
+    # such a file names the rollouts' class where it was then defined, credo.collect.group (now credo.types)
+    import credo.collect.group as old_home
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Rollouts, "__module__", "credo.collect.group")
+        mp.setattr(old_home, "Rollouts", Rollouts, raising=False)
+        _as_legacy(ckpt, state)
+    assert b"credo.collect.group" in (ckpt / "trainer_state.pt").read_bytes()
     assert load_trainer_state(ckpt)["pending_rollouts"] == state["pending_rollouts"]
     assert main(["-q", "train", "--resume", str(run)]) == 0
     assert _stable(read_metrics(run / "metrics.jsonl")) == _stable(read_metrics(full / "metrics.jsonl"))

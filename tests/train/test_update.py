@@ -88,7 +88,7 @@ def test_sft_term_is_exact_under_gradient_accumulation(tiny_model):
 
 
 def test_top_entropy_token_selection_keeps_the_requested_fraction(tiny_model):
-    from credo.train.stats import Timer
+    from credo.tracking.timer import Timer
     from credo.train.transforms import BuildContext, StepIO, build_transforms, run_phase
 
     def select_tokens(cfg, batch, metrics):  # the run's policy-phase transforms, as credo.recipes.step runs them

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from credo.train.state_codec import register_state_type
+
 Span = tuple[int, int]  # [start, end) token offsets
 
 
@@ -229,6 +231,9 @@ class TreePath:
     tree: Tree
     nodes: tuple[int, ...]
     spans: tuple[Span, ...]
+
+
+register_state_type(Tree, TreePath)  # pending tree rollouts are checkpointed with their trees
 
 
 def tree_values(parents: Sequence[int], leaf_rewards: dict[int, float]) -> tuple[list[float], list[int]]:

@@ -48,11 +48,11 @@ from credo.methods.attnrl.config import TreeCollectorConfig
 from credo.methods.attnrl.fci import fci_forward
 from credo.collect.base import CollectorNeeds
 from credo.collect.registry import COLLECTORS, CollectorInputs
-from credo.collect.group import Rollouts, StreamingScorer
-from credo.train.stats import Timer
+from credo.collect.group import StreamingScorer
+from credo.tracking.timer import Timer
 from credo.train.stats import rollout_metrics
 from credo.recipes.step import ESTIMATOR_INPUTS
-from credo.types import RewardResult, SamplingParams, Trajectory
+from credo.types import RewardResult, Rollouts, SamplingParams, Trajectory
 
 
 @dataclass(frozen=True)

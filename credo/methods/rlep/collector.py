@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from credo.collect.base import Collector, CollectorNeeds
 from credo.collect.registry import COLLECTOR_WRAPPERS, CollectorInputs
-from credo.collect.group import Rollouts, noised_frac
+from credo.collect.group import noised_frac
+from credo.types import Rollouts
 from credo.methods.rlep.recipe import collect_at_start, open_replay, replay_step
 
 

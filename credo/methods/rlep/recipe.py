@@ -104,7 +104,7 @@ def collect_at_start(cfg: RunConfig, engine, runner, data, run_dir: Path) -> Rep
 
 
 def replay_step(cfg: RunConfig, pool: ReplayPool, tokenizer, runner, rollouts, step: int) -> None:
-    """One step's replay, in place on ``rollouts`` (credo.collect.group.Rollouts): stored answers join their
+    """One step's replay, in place on ``rollouts`` (credo.types.Rollouts): stored answers join their
     prompts' groups, scored by ``runner`` (the training verifier); with ``replay.refresh`` the fresh answers the
     verifier accepted join the pool."""
     r = cfg.replay

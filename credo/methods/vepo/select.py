@@ -29,7 +29,7 @@ from credo.methods.vepo.grounding import example_spans, get_perturbation, pertur
 from credo.methods.vepo.image import perturb_images
 from credo.models.vision import normalize_pixels, raw_pixels
 from credo.train.packing import valid_responses
-from credo.train.stats import Timer
+from credo.tracking.timer import Timer
 from credo.train.transforms import BATCH_TRANSFORMS, BuildContext, StepIO
 from credo.types import RewardResult, TrainBatch, Trajectory
 
