@@ -1,14 +1,15 @@
 """The collector extension point: ``rollout.collector.type`` -> a builder, and collector wrappers (a method that
 mixes its rows into another collector's, e.g. RLEP's replay), each registered once by the package that owns it.
 
-    @COLLECTORS.register("my_collector")            # with its config dataclass registered as the option of
-    def build(x: CollectorInputs) -> Collector: ... # rollout.collector (credo.config.fields.register_choice)
+    register_collector("my_collector", MyCollectorConfig, build)   # one call: the rollout.collector option
+                                                                   # (its config dataclass) and its builder
 
     @COLLECTOR_WRAPPERS.register("my_wrapper")      # returns ``inner`` unchanged when its config leaves it off
     def wrap(x: CollectorInputs, inner: Collector) -> Collector: ...
 
 Built-ins: ``group`` and ``agent`` (credo.collect.builtin), ``tree`` (AttnRL, credo.methods.attnrl.collector) and
-the ``replay`` wrapper (RLEP, credo.methods.rlep.collector), found by module name.
+the ``replay`` wrapper (RLEP, credo.methods.rlep.collector), found by module name; their config classes are named
+by ``"module:Class"`` in credo.config.schema.COLLECTORS, so loading a config imports none of them.
 """
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ COLLECTORS: Registry[Callable[[CollectorInputs], Collector]] = Registry(
     "collector", builtins=("credo.collect.builtin", "credo.methods.attnrl.collector"))
 COLLECTOR_WRAPPERS: Registry[Callable[[CollectorInputs, Collector], Collector]] = Registry(
     "collector wrapper", builtins=("credo.methods.rlep.collector",))
+
+
+def register_collector(name: str, config: type, build: Callable[[CollectorInputs], Collector]) -> None:
+    """A new ``rollout.collector.type``: its config dataclass (a ``type_key(name)`` field and its own keys) as the
+    option of the choice, and its builder."""
+    from credo.config.fields import register_choice
+    from credo.config.schema import COLLECTORS as OPTIONS
+
+    COLLECTORS.add(name, build)
+    register_choice(OPTIONS, name, config)
 
 
 def build_collector(x: CollectorInputs) -> Collector:

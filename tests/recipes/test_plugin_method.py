@@ -12,30 +12,30 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MARKER = "<!-- plugin: surprise_method.py -->"
+MARKER = "<!-- plugin: {} -->"
 TINY = ["train.steps=2", "warm_start.steps=1", "eval.size=4", "eval.k=1", "log.progress=false",
         "log.tensorboard=false", "log.report=false", "checkpoint.every=0", "checkpoint.save_final=false",
         "train.threads=1"]
 
 
-def plugin_source() -> str:
-    """The first python block after the marker in docs/extending.md."""
+def plugin_source(name: str = "surprise_method.py") -> str:
+    """The first python block after the marker ``name`` in docs/extending.md."""
     page = (REPO / "docs" / "extending.md").read_text()
-    after = page[page.index(MARKER):]
+    after = page[page.index(MARKER.format(name)):]
     return re.search(r"```python\n(.*?)```", after, re.S).group(1)
 
 
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("plugin")
-    (d / "surprise_method.py").write_text(plugin_source())
+    for name in ("surprise_method.py", "my_collector.py"):
+        (d / name).write_text(plugin_source(name))
     return d
 
 
-def credo(plugin_dir: Path, run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+def credo(plugin_dir: Path, run_dir: Path, *args: str, plugin: str = "surprise_method") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(plugin_dir), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "credo.cli.main", "-q", "train", "--plugin", "surprise_method",
-                           *args, "--run-dir", str(run_dir), "--overwrite"], cwd=plugin_dir, env=env,
+    return subprocess.run([sys.executable, "-m", "credo.cli.main", "-q", "train", "--plugin", plugin, *args, "--run-dir", str(run_dir), "--overwrite"], cwd=plugin_dir, env=env,
                           capture_output=True, text=True, timeout=900)
 
 
@@ -71,3 +71,11 @@ def test_its_settings_are_checked_when_the_config_loads(plugin_dir, tmp_path):
     out = credo(plugin_dir, tmp_path / "unknown", "ext.surprize.coef=1", *TINY)
     assert out.returncode != 0 and "did you mean 'surprise'" in out.stderr
     assert not (tmp_path / "typo" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_the_documented_collector_registers_with_one_call(plugin_dir, tmp_path):
+    out = credo(plugin_dir, tmp_path / "grow", "rollout.collector.type=growing", "rollout.collector.grow_every=1",
+                *TINY, plugin="my_collector")
+    assert out.returncode == 0, out.stderr[-3000:]
+    budgets = [r["growing/max_new_tokens"] for r in rows(tmp_path / "grow") if "growing/max_new_tokens" in r]
+    assert budgets == [4, 5]  # start_tokens 4, one more token per step
