@@ -79,7 +79,8 @@ def workload_of(cfg, ranks: int, prompt_tokens: int) -> Workload:
     length, else the rank's mini-batch; generation batch = min(rollout.max_batch_size, the rank's sequences)
     (``distributed.rollout=replicate``: all sequences). The old-log-prob pass runs when train.old_logprob_pass is
     always, or the batch gets more than one optimizer step, or a reference / critic / one-step-off needs it (an
-    approximation of credo.recipes.stages.fuse_old_logprobs: collector, selector and estimator needs not read)."""
+    approximation of credo.train.plan.StepPlan.fused: what the transforms, terms, estimator and collector declare is
+    not read)."""
     t, r = cfg.train, cfg.rollout
     sequences = t.prompts_per_step * r.group_size
     per_rank = -(-sequences // ranks)
