@@ -7,11 +7,13 @@
 - ``papo`` (entropy-polarity reweighting, :mod:`.papo`)
 - ``dvpo`` (distributional GAE over a quantile critic, mean over quantiles, :mod:`.dvpo`)
 - ``dfpo`` (GAE on a flow critic's value readout or its CVaR, plus the quantile targets, :mod:`.dfpo`)
-- ``attnrl`` (tree segment advantages of AttnRL / TreeRL rollout trees, :mod:`.tree`)
 - ``optimal_token_baseline``, ``tir_optimal_token_baseline`` (energy-weighted per-token group baseline, :mod:`.otb`)
 - ``gdpo`` (per-component group normalisation, weighted sum, batch whitening, :mod:`.gdpo`)
+
+A method package's own estimator registers from its package, named among the registry's built-ins
+(``attnrl``: :mod:`credo.methods.attnrl.advantage`).
 """
-from credo.algo.advantages import dfpo, dvpo, evpo, gdpo, otb, outcome, papo, returns, tree  # noqa: F401 (registry)
+from credo.algo.advantages import dfpo, dvpo, evpo, gdpo, otb, outcome, papo, returns  # noqa: F401 (registry)
 from credo.algo.advantages.common import (
     broadcast,
     explained_variance,

@@ -1,4 +1,5 @@
-"""Tree segment advantages (AttnRL / TreeRL, docs/algorithms/attnrl.md).
+"""Tree segment advantages (AttnRL / TreeRL, docs/algorithms/attnrl.md): the advantage estimator ``attnrl``,
+registered into :data:`credo.algo.registry.ADVANTAGE_ESTIMATORS` (which names this module among its built-ins).
 
 Each training row is a root-to-leaf path of a rollout tree (:class:`credo.methods.attnrl.algo.TreePath`, built by
 ``credo.methods.attnrl.collector``); every token of a node's segment gets
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from credo.methods.attnrl.algo import TreePath, path_token_advantages, tree_advantages
 from credo.algo.registry import register_advantage
+from credo.methods.attnrl.algo import TreePath, path_token_advantages, tree_advantages
 from credo.types import AdvantageOutput
 
 
