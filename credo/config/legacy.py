@@ -1,6 +1,18 @@
-"""Config keys of the layout before the choice sections, mapped to their new places (one deprecation notice per
-moved section). Applied to config files (presets, a run directory's ``config.yaml`` written by an older credo) and
-to ``key=value`` overrides, so old commands and ``--resume`` of old run directories keep working.
+"""Configs of older layouts upgraded to the current one: :func:`upgrade`, the one entry point, keyed by the
+config's ``format_version``. Applied to config files (presets, a run directory's ``config.yaml`` written by an
+older credo) and to ``key=value`` overrides, so old commands and ``--resume`` of old run directories keep working.
+
+Versions (``format_version``, an int that :func:`credo.config.dump_config` writes into ``RUN_DIR/config.yaml``;
+a config without it, every preset and override included, is version 0):
+
+0  the keys of the layout before the choice sections (issue 18), mapped to their new places with one deprecation
+   notice per moved section (table below). A version-0 config already in the new layout passes unchanged.
+1  the current layout (:data:`FORMAT_VERSION`), written with ``format_version: 1`` since issue 34.
+
+A config of a newer version than this code knows is refused in one line naming both versions. A later change of
+the layout adds a step to :data:`STEPS` (its keys named literally) and raises :data:`FORMAT_VERSION`.
+
+Version 0 -> 1:
 
 =====================================  =====================================================================
 old                                    new
@@ -26,6 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from credo.config.fields import resolve_class
@@ -50,10 +63,26 @@ def notice(old: str, new: str) -> None:
 
 
 def upgrade(data: dict[str, Any], *, rm_sections: str = "refuse") -> dict[str, Any]:
-    """``data`` (a config mapping) in the new layout. ``rm_sections``: ``refuse`` (``credo train``: old ``rm`` /
-    ``birm`` sections are dropped when they hold only the old defaults, refused otherwise) or ``keep`` (``credo
-    rm train``, whose config has them)."""
+    """``data`` (a config mapping of any version, not modified) in the current layout, without its
+    ``format_version``: the steps of :data:`STEPS` from its version on (module docstring). ``rm_sections``:
+    ``refuse`` (``credo train``: old ``rm`` / ``birm`` sections are dropped when they hold only the old defaults,
+    refused otherwise) or ``keep`` (``credo rm train``, whose config has them). :class:`LegacyError` for a newer or
+    malformed version."""
     data = copy.deepcopy(data)
+    version = data.pop(VERSION_KEY, 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise LegacyError(f"{VERSION_KEY}: {version!r} is not a config version (an int, {FORMAT_VERSION} for "
+                          "this credo)")
+    if version > FORMAT_VERSION:
+        raise LegacyError(f"{VERSION_KEY}: the config has version {version}, newer than this credo's "
+                          f"{FORMAT_VERSION}: load it with the credo that wrote it (or a newer one)")
+    for v in range(version, FORMAT_VERSION):
+        data = STEPS[v](data, rm_sections=rm_sections)
+    return data
+
+
+def _v0_to_v1(data: dict[str, Any], *, rm_sections: str) -> dict[str, Any]:
+    """Version 0 (the keys before the choice sections; module docstring) -> 1."""
     _collector_sections(data)
     _algo_keys(data)
     _selector_sections(data)
@@ -66,6 +95,12 @@ def upgrade(data: dict[str, Any], *, rm_sections: str = "refuse") -> dict[str, A
             if name in data:
                 _drop_default_section(data, name, path)
     return data
+
+
+FORMAT_VERSION = 1  # the layout this code writes (RUN_DIR/config.yaml's format_version)
+VERSION_KEY = "format_version"
+# STEPS[v] upgrades a version-v config (a mapping, changed in place or replaced) to version v + 1
+STEPS: dict[int, Callable[..., dict[str, Any]]] = {0: _v0_to_v1}
 
 
 REMOTE_ALIAS = ("agent.remote", "rollout.collector.remote")  # a public interface, not a deprecated key

@@ -141,10 +141,12 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def dump_config(cfg: RunConfig, path: Path) -> None:
     """Write ``cfg`` as YAML to ``path`` atomically, through a temporary file of an unpredictable name (a link
-    planted in a run directory is replaced, never written through)."""
+    planted in a run directory is replaced, never written through), with the layout's ``format_version`` first
+    (:func:`credo.config.legacy.upgrade` reads it back)."""
     from credo.tracking.atomic import atomic_write_text
 
-    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None))
+    data = {legacy.VERSION_KEY: legacy.FORMAT_VERSION, **config_to_dict(cfg)}
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
 
 
 def resolve_preset(name: str) -> Path:

@@ -19,7 +19,6 @@ made them before (weight gather for the sync, then the leader's broadcast, then 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from typing import Any, Callable, TypeVar
 
 from credo.collect.group import Prefetch
@@ -29,7 +28,6 @@ from credo.train.fsdp import full_state_dict, is_sharded, shard_policy
 from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
 from credo.distributed.staleness import AsyncPipeline, StalenessSchedule, snapshot, staleness_metrics
 from credo.guards.weights import check_weight_sync
-from credo.types import SamplingParams
 
 T = TypeVar("T")
 
@@ -39,7 +37,7 @@ class RolloutCoordinator:
     :meth:`of`; :meth:`attach` gives it the run's policy, engine, runner and collector."""
 
     def __init__(self, dp: DataParallel, *, ray: bool = False, shard: bool = False, one_step_off: bool = False,
-                 steps: int = 0, sampling: SamplingParams | None = None, schedule: StalenessSchedule | None = None,
+                 steps: int = 0, schedule: StalenessSchedule | None = None,
                  recompute_kv: bool = False) -> None:
         self.dp, self.ray, self.shard, self.one_step_off, self.steps = dp, ray, shard, one_step_off, steps
         # K >= 2 or partial rollouts: the pipeline (created at the first use); K = 1 alone keeps the Prefetch
@@ -47,7 +45,6 @@ class RolloutCoordinator:
         self.max_staleness = schedule.k if schedule is not None else int(one_step_off)
         self.recompute_kv, self.pipe = recompute_kv, None
         self.leader_only = ray and dp.enabled  # Ray mode with several ranks: rank 0 collects and broadcasts
-        self.sampling = sampling  # what rollouts saved before Rollouts.sampling existed were sampled with
         self.model = self.engine = self.runner = self.collector = None
         self.pending: Prefetch | None = None  # one-step-off mode: the next step's rollouts, being generated
         self.ready: Rollouts | None = None  # one-step-off mode: the batch sync_weights finished, for collect
@@ -64,8 +61,8 @@ class RolloutCoordinator:
         r = cfg.rollout
         schedule = StalenessSchedule(r.max_staleness, r.partial, r.max_new_tokens) if r.max_staleness else None
         return cls(dp, ray=ray, shard=dp.enabled and not ray and cfg.distributed.rollout == "shard" and shardable,
-                   one_step_off=r.one_step_off, steps=cfg.train.steps, sampling=SamplingParams.of(r),
-                   schedule=schedule, recompute_kv=r.partial_kv == "recompute")
+                   one_step_off=r.one_step_off, steps=cfg.train.steps, schedule=schedule,
+                   recompute_kv=r.partial_kv == "recompute")
 
     @property
     def follower(self) -> bool:
@@ -219,13 +216,11 @@ class RolloutCoordinator:
                 "async_pipeline": pipeline}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` from a trainer state in the current layout (credo.train.migrate)."""
         if self.engine is not None:
             self.engine.load_state_dict(saved["engine"])
-        pending = saved.get("pending_rollouts")
-        if pending is not None:
-            if pending.sampling is None:  # saved before the rollouts recorded their sampling
-                pending = dataclasses.replace(pending, sampling=self.sampling)
-            self.pending = Prefetch(done=pending)
-        if saved.get("async_pipeline") is not None and self.schedule is not None:
+        if saved["pending_rollouts"] is not None:
+            self.pending = Prefetch(done=saved["pending_rollouts"])
+        if saved["async_pipeline"] is not None and self.schedule is not None:
             self.pipeline().load_state_dict(saved["async_pipeline"])
 

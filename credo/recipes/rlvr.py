@@ -39,16 +39,18 @@ from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, re
                                   save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
 from credo.recipes.lora_stage import lora_policy
 from credo.recipes.preemption import Preempted, StopSignals
-from credo.recipes.stages import (COLLECTOR_KEY, build_collector, build_plan, collector_state, load_reference,
+from credo.recipes.stages import (COLLECTOR_KEY, build_collector, build_plan, load_reference,
                                   needs_critic, new_critic, save_reference, shardable)
 from credo.recipes.step import rl_step
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_state, save_checkpoint, set_rng_state
+from credo.train.migrate import FORMAT_VERSION, migrate_trainer_state
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.plan import StepPlan
 from credo.tracking.timer import Timer
 from credo.train.transforms import BuildContext, build_transforms
+from credo.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -277,8 +279,8 @@ def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
     """What :func:`restore` reads back. The coordinator's state first: it finishes a batch in flight, which
     advances the collector's state."""
     saved = parts.rollout.state_dict()
-    saved |= {"run": copy.deepcopy(state.__dict__), "optimizer": parts.optimizer.state_dict(),
-              "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
+    saved |= {"format_version": FORMAT_VERSION, "run": copy.deepcopy(state.__dict__),
+              "optimizer": parts.optimizer.state_dict(), "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
               COLLECTOR_KEY: parts.collector.state_dict(), "guards": parts.guards.state_dict()}
     if parts.critic is not None:
         saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
@@ -287,21 +289,20 @@ def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
 
 
 def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
-    """Resume from ``ckpt`` (also one written before the collector seam: credo.recipes.stages.collector_state)."""
-    saved = load_trainer_state(ckpt)
+    """Resume from ``ckpt``; a trainer state of an older credo is upgraded first (credo.train.migrate)."""
+    saved = migrate_trainer_state(load_trainer_state(ckpt), sampling=SamplingParams.of(cfg.rollout))
     parts.optimizer.load_state_dict(saved["optimizer"])
     parts.scheduler.load_state_dict(saved["scheduler"])
     parts.rollout.load_state_dict(saved)
-    parts.collector.load_state_dict(collector_state(saved))
+    parts.collector.load_state_dict(saved[COLLECTOR_KEY])
     if (ckpt / "critic").is_dir():
         attach_critic(cfg, parts, ValueModel.load(ckpt / "critic", cfg.model.device))
         parts.critic_optimizer.load_state_dict(saved["critic_optimizer"])
         parts.critic_scheduler.load_state_dict(saved["critic_scheduler"])
     set_rng_state(saved["rng"])
-    parts.guards.load_state_dict(saved.get("guards", {}))
+    parts.guards.load_state_dict(saved["guards"])
     log.info("resumed from %s (step %d)", ckpt, saved["run"]["step"])
-    known = RunState.__dataclass_fields__  # older run states held fields that moved (into the collector's state)
-    state = RunState(**{k: v for k, v in saved["run"].items() if k in known})
+    state = RunState(**saved["run"])
     parts.rollout.sync(state.step, force=True)  # remote rollout workers start from the checkpoint's weights
     return state
 

@@ -12,7 +12,6 @@ state under :data:`COLLECTOR_KEY`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from credo.algo import advantage_requirements, policy_loss_requirements, policy_loss_uses_rollout_logprobs
 from credo.algo.critic import critic_loss_requirements
@@ -56,16 +55,6 @@ def build_plan(cfg: RunConfig, transforms) -> StepPlan:
         transform_reads=tuple(r for t in transforms for r in t.reads),
         critic_reads=critic_loss_requirements(cfg.critic.loss, cfg.critic.loss_args) if critic else (),
         critic=critic, one_step_off=cfg.rollout.one_step_off, bypass_loss=policy_loss_uses_rollout_logprobs(a.policy_loss))
-
-
-def collector_state(saved: dict[str, Any]) -> dict[str, Any]:
-    """The collector's state in a trainer state: under :data:`COLLECTOR_KEY`, or in a checkpoint written before the
-    collector seam, gathered from its old places (the prompt samplers, RLEP's ``replay``, AttnRL's run-state
-    field ``attnrl``)."""
-    if COLLECTOR_KEY in saved:
-        return saved[COLLECTOR_KEY]
-    return {"sampler": saved["sampler"], "stage_samplers": saved.get("stage_samplers") or [],
-            "replay": saved.get("replay"), "attnrl": dict(saved["run"].get("attnrl") or {})}
 
 
 # ----------------------------------------------------------------------------- the optional reference and critic

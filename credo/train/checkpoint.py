@@ -291,7 +291,9 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
-    """The trainer state of ``ckpt``; :class:`CheckpointError` for one that cannot be read without running code."""
+    """The trainer state of ``ckpt`` as stored (JSON + safetensors, or a pre-manifest pickle); a resume upgrades
+    its layout with :func:`credo.train.migrate.migrate_trainer_state`. :class:`CheckpointError` for one that
+    cannot be read without running code."""
     ckpt = Path(ckpt)
     if (ckpt / JSON_FILE).is_file():
         try:

@@ -137,13 +137,14 @@ def test_an_old_dump_with_non_default_rm_settings_is_refused(tmp_path):
 def _old_layout(new: dict) -> dict:
     """A run's config dump (new layout) as credo wrote it before the choice sections (fa29453): the collector's
     group keys in ``algo``, the entropy share as ``algo.top_entropy_quantile``, switched-off ``attnrl`` / ``agent`` /
-    ``vepo`` sections, ``replay.pool: null`` and default ``rm`` / ``birm`` sections."""
+    ``vepo`` sections, ``replay.pool: null`` and default ``rm`` / ``birm`` sections; no ``format_version`` (version
+    0)."""
     from dataclasses import asdict
 
     from credo.methods.birm.config import BiRMConfig
     from credo.methods.reward_models.config import RewardModelConfig
 
-    old = {k: v for k, v in new.items() if k not in ("token_select", "replay")}
+    old = {k: v for k, v in new.items() if k not in ("token_select", "replay", "format_version")}
     collector = old["rollout"].pop("collector")
     assert collector.pop("type") == "group"
     selector = new["token_select"]
@@ -190,3 +191,40 @@ def test_resume_of_a_run_whose_config_is_in_the_old_layout(tmp_path, monkeypatch
                 for line in (run / "metrics.jsonl").read_text().splitlines()]
 
     assert len(rows(cut)) == 4 and rows(cut) == rows(tmp_path / "full")
+
+
+def test_a_run_config_records_its_format_version_and_upgrade_is_keyed_by_it(tmp_path):
+    """dump_config writes the layout's version first and loads back the same config; a file without a version is
+    of the oldest layout (version 0: its old keys are upgraded), while at version 1 an old key is an unknown key."""
+    from credo.config import dump_config
+    from credo.config.legacy import FORMAT_VERSION
+
+    cfg = load_config("attnrl")
+    dump_config(cfg, tmp_path / "config.yaml")
+    assert (tmp_path / "config.yaml").read_text().startswith(f"format_version: {FORMAT_VERSION}\n")
+    assert load_config(str(tmp_path / "config.yaml")) == cfg
+    old = "attnrl: {enabled: true, num_splits: 3}\nalgo: {advantage: attnrl}\n"
+    (tmp_path / "v0.yaml").write_text(old)
+    assert load_config(str(tmp_path / "v0.yaml")).rollout.collector.num_splits == 3
+    (tmp_path / "v1.yaml").write_text(f"format_version: {FORMAT_VERSION}\n{old}")
+    with pytest.raises(ConfigError, match="unknown key 'attnrl'"):
+        load_config(str(tmp_path / "v1.yaml"))
+
+
+@pytest.mark.parametrize("version, message", [
+    (2, "format_version: the config has version 2, newer than this credo's 1: load it with the credo that wrote it "
+        "(or a newer one)"),
+    ("'1'", "format_version: '1' is not a config version (an int, 1 for this credo)"),
+])
+def test_a_config_of_a_newer_or_malformed_version_is_refused_in_one_line(tmp_path, capsys, version, message):
+    from credo.cli.main import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"format_version: {version}\nseed: 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(run / "config.yaml"))
+    assert str(info.value) == message
+    capsys.readouterr()
+    assert main(["train", "--config", str(run / "config.yaml")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"credo: config error: {message}"
