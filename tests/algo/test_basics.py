@@ -275,3 +275,16 @@ def test_registering_a_loss_is_one_function_and_it_is_usable_by_name():
         @register_policy_loss("test_bad_signature")
         def bad(*, logprobs, old_logprobs, advantages, response_mask, entropy=None, ref_logprobs=None, k=None, j):
             return None
+
+
+def test_a_method_packages_estimator_is_listed_and_found_without_importing_it_first():
+    """ADVANTAGE_ESTIMATORS names the method modules that register estimators (credo.registry.Registry builtins):
+    credo.algo lists AttnRL's estimator without importing credo.methods at import time."""
+    import subprocess
+    import sys
+
+    code = ("import sys, credo.algo as algo; mod = 'credo.methods.attnrl.advantage'; before = mod in sys.modules; "
+            "names = algo.list_advantage_estimators(); "
+            "print(before, mod in sys.modules, 'attnrl' in names, algo.advantage_requirements('attnrl'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True", "('tree_paths',)"]
