@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from credo.config import load_config
-from credo.methods.idrm.evaluate import masked_prefix_accuracy, student_by_kind
-from credo.methods.idrm.student import eos_attention_mass
+from credo.methods.reward_models.idrm.evaluate import masked_prefix_accuracy, student_by_kind
+from credo.methods.reward_models.idrm.student import eos_attention_mass
 from credo.methods.reward_models.config import RmRunConfig
 from credo.methods.reward_models.pairs import preference_data
 from credo.methods.reward_models.recipe import rm_train

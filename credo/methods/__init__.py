@@ -6,7 +6,7 @@ procedure (a collector, a token selector, a training recipe), its config section
 ``rlep``               RLEP: a pool of verified answers replayed into every group (``replay`` section)
 ``vepo``               VEPO: grounding-sensitive token selection (``token_select.type=vepo``)
 ``birm``               BiRM: a bidirectional process reward model, best-of-N and beam search (``credo rm train``)
-``reward_models``      Bradley-Terry ORM and CRM's peer-reviewing pair (``credo rm train``)
+``reward_models``      Bradley-Terry ORM, CRM's peer-reviewing pair, ID-RM (``idrm``) (``credo rm train``)
 ``agentic_verifier``   AgentV-RL: a verifier policy that plans, calls tools and judges (reward and env)
 =====================  ==================================================================================
 

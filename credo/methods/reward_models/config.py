@@ -1,5 +1,5 @@
 """``credo rm train``'s config: its root :class:`RmRunConfig` and its ``rm`` section (``birm``:
-:mod:`credo.methods.birm.config`; ``idrm``: :mod:`credo.methods.idrm.config`)."""
+:mod:`credo.methods.birm.config`; ``idrm``: :mod:`credo.methods.reward_models.idrm.config`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,7 @@ from credo.config.fields import opt
 from credo.config.schema import (DistributedConfig, LogConfig, ModelConfig, RewardConfig, RolloutConfig, TaskConfig,
                                  TrainConfig, WarmStartConfig)
 from credo.methods.birm.config import BiRMConfig
-from credo.methods.idrm.config import IDRMConfig
+from credo.methods.reward_models.idrm.config import IDRMConfig
 
 
 @dataclass

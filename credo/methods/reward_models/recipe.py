@@ -37,7 +37,7 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = F
 
         return birm_train(cfg, run_dir=run_dir, overwrite=overwrite)
     if r.method == "idrm":  # BT with attention alignment to a cross-encoder teacher: its own recipe
-        from credo.methods.idrm.recipe import idrm_train
+        from credo.methods.reward_models.idrm.recipe import idrm_train
 
         return idrm_train(cfg, run_dir=run_dir, overwrite=overwrite)
     if run_dir is None and cfg.run_name is None:

@@ -2,10 +2,10 @@
 
     pairs   = generate_pairs(task, noise=rm.noise) | rm.train_file                  # as rm.method=bt
     policy  = load_or_build(model); SFT warm start (generated pairs only)
-    teacher = CrossEncoder.load(idrm.teacher) | build_teacher + train_teacher        # credo.methods.idrm.teacher
+    teacher = CrossEncoder.load(idrm.teacher) | build_teacher + train_teacher        # credo.methods.reward_models.idrm.teacher
               held-out accuracy (both orders averaged) < idrm.min_teacher_acc -> stop
-    student = ValueModel.from_policy(policy), eager attention while it trains        # credo.methods.idrm.student
-    train_idrm(student, teacher, ...): L_BT + intra_coef L_intra + inter_coef L_inter # credo.methods.idrm.train
+    student = ValueModel.from_policy(policy), eager attention while it trains        # credo.methods.reward_models.idrm.student
+    train_idrm(student, teacher, ...): L_BT + intra_coef L_intra + inter_coef L_inter # credo.methods.reward_models.idrm.train
     -> metrics.jsonl, RUN_DIR/reward_model (the configured attention kernel), RUN_DIR/teacher, summary.json
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 
 from credo.config import ConfigError, RunConfig
 from credo.data.source import load_task_data
-from credo.methods.idrm.evaluate import by_kind, masked_prefix_accuracy, student_by_kind
-from credo.methods.idrm.student import decoder_layers, eager_attention, eos_attention_mass, head_shape
-from credo.methods.idrm.teacher import (CrossEncoder, build_teacher, check_char_tokenizer, teacher_accuracy,
+from credo.methods.reward_models.idrm.evaluate import by_kind, masked_prefix_accuracy, student_by_kind
+from credo.methods.reward_models.idrm.student import decoder_layers, eager_attention, eos_attention_mass, head_shape
+from credo.methods.reward_models.idrm.teacher import (CrossEncoder, build_teacher, check_char_tokenizer, teacher_accuracy,
                                         train_teacher)
-from credo.methods.idrm.train import train_idrm
+from credo.methods.reward_models.idrm.train import train_idrm
 from credo.methods.reward_models.pairs import preference_data
 from credo.methods.reward_models.train import pairwise_accuracy
 from credo.models import ValueModel, load_or_build

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from credo.config import ConfigError
-from credo.methods.idrm.algo import (attention_mass_fifths, causal_allowed, gather_block, layer_pairs, masked_mean,
+from credo.methods.reward_models.idrm.algo import (attention_mass_fifths, causal_allowed, gather_block, layer_pairs, masked_mean,
                                      renormalise, row_divergence, virtual_attention)
 from credo.methods.reward_models.pairs import PreferencePair
 
@@ -96,7 +96,7 @@ def test_virtual_attention_equals_a_manual_softmax_with_gqa():
 def test_hooked_q_k_with_rope_reproduce_the_models_own_last_row(tiny_model):
     """q / k from the hooks, rotated with the row's own positions, give the eager kernel's EOS row exactly: the
     hooks, the GQA repetition, the scaling and the RoPE reading are the model's own."""
-    from credo.methods.idrm.student import capture, eager_attention, head_shape, rotate
+    from credo.methods.reward_models.idrm.student import capture, eager_attention, head_shape, rotate
     from credo.models import ValueModel
     from credo.rewards.rm_scoring import response_batch, rm_scores
 
@@ -119,7 +119,7 @@ def test_hooked_q_k_with_rope_reproduce_the_models_own_last_row(tiny_model):
 
 
 def test_eager_is_required_and_the_inference_path_is_unchanged(tiny_model):
-    from credo.methods.idrm.student import capture, eager_attention
+    from credo.methods.reward_models.idrm.student import capture, eager_attention
     from credo.models import ValueModel
     from credo.rewards.rm_scoring import response_batch, rm_scores
 
@@ -143,7 +143,7 @@ def test_eager_is_required_and_the_inference_path_is_unchanged(tiny_model):
 
 
 def test_teacher_layout_shapes_alignment_and_save_load(tmp_path):
-    from credo.methods.idrm.teacher import CrossEncoder, build_teacher, encode_pairs, student_positions
+    from credo.methods.reward_models.idrm.teacher import CrossEncoder, build_teacher, encode_pairs, student_positions
     from credo.models import build_char_tokenizer
     from credo.rewards.rm_scoring import response_batch
 
@@ -178,7 +178,7 @@ def test_a_bpe_tokenizer_is_refused():
     from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models
 
-    from credo.methods.idrm.teacher import check_char_tokenizer
+    from credo.methods.reward_models.idrm.teacher import check_char_tokenizer
     from credo.models import build_char_tokenizer
 
     check_char_tokenizer(build_char_tokenizer())
@@ -188,7 +188,7 @@ def test_a_bpe_tokenizer_is_refused():
 
 
 def test_layer_mapping_attention_mass_and_corruption_kinds():
-    from credo.methods.idrm.evaluate import by_kind, corruption_kind
+    from credo.methods.reward_models.idrm.evaluate import by_kind, corruption_kind
 
     assert layer_pairs("last", 2, 2) == [(1, 1)]
     assert layer_pairs("uniform", 4, 2) == [(0, 0), (1, 0), (2, 1), (3, 1)]  # round(0.5) = 0 -> at least layer 1
@@ -204,10 +204,10 @@ def test_layer_mapping_attention_mass_and_corruption_kinds():
 
 
 def test_teacher_is_frozen_and_only_the_student_learns(tiny_model):
-    from credo.methods.idrm.config import IDRMConfig
-    from credo.methods.idrm.student import eager_attention
-    from credo.methods.idrm.teacher import build_teacher
-    from credo.methods.idrm.train import train_idrm
+    from credo.methods.reward_models.idrm.config import IDRMConfig
+    from credo.methods.reward_models.idrm.student import eager_attention
+    from credo.methods.reward_models.idrm.teacher import build_teacher
+    from credo.methods.reward_models.idrm.train import train_idrm
     from credo.models import ValueModel
 
     model, tok = tiny_model

@@ -1,6 +1,6 @@
 """Interaction Distillation training: Bradley-Terry plus the intra- and inter-sequence alignment terms
-(:mod:`credo.methods.idrm.algo`) on random mini-batches, the teacher frozen (no-grad maps), the student in eager
-attention (:mod:`credo.methods.idrm.student`).
+(:mod:`credo.methods.reward_models.idrm.algo`) on random mini-batches, the teacher frozen (no-grad maps), the student in eager
+attention (:mod:`credo.methods.reward_models.idrm.student`).
 
 Per step, for pairs (x, y_w, y_l)::
 
@@ -16,11 +16,11 @@ from typing import Callable
 
 import torch
 
-from credo.methods.idrm.algo import (causal_allowed, gather_block, layer_pairs, masked_mean, row_divergence,
+from credo.methods.reward_models.idrm.algo import (causal_allowed, gather_block, layer_pairs, masked_mean, row_divergence,
                                      virtual_attention)
-from credo.methods.idrm.config import IDRMConfig
-from credo.methods.idrm.student import Captured, capture, decoder_layers, head_shape, rotate
-from credo.methods.idrm.teacher import CrossEncoder, ordered, student_positions
+from credo.methods.reward_models.idrm.config import IDRMConfig
+from credo.methods.reward_models.idrm.student import Captured, capture, decoder_layers, head_shape, rotate
+from credo.methods.reward_models.idrm.teacher import CrossEncoder, ordered, student_positions
 from credo.methods.reward_models.algo import bradley_terry_loss
 from credo.methods.reward_models.pairs import PreferencePair
 from credo.rewards.rm_scoring import response_batch, rm_scores

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from credo.config import ConfigError
-from credo.methods.idrm.algo import attention_mass_fifths
+from credo.methods.reward_models.idrm.algo import attention_mass_fifths
 
 
 @dataclass
