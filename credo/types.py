@@ -109,20 +109,13 @@ class TrainBatch:
     returns: torch.Tensor | None = None  # (B, T)
     entropy: torch.Tensor | None = None  # (B, T) from the old-log-prob pass
     values: torch.Tensor | None = None  # (B, T) critic values at collection time
-    value_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: head-mean quantiles at collection
-    return_quantiles: torch.Tensor | None = None  # (B, T, M) quantile critic: distributional GAE targets
-    ref_entropy: torch.Tensor | None = None  # (B, T) the frozen reference policy's entropy (VRPO's critic loss)
-    token_rewards: torch.Tensor | None = None  # (B, T) the rewards the estimator saw (last-token score + KL)
-    flow_targets: torch.Tensor | None = None  # (B, T, K, C) flow critic: DFPO's targets (credo.train.flow_targets)
-    flow_weights: torch.Tensor | None = None  # (B, T) flow critic: DFPO's uncertainty weights w_t
     # how the rows were sampled, set once by credo.models.batch.collate: the trainer's forwards use this temperature
     temperature: float = 1.0  # the sampling temperature (rollout_logprobs are temperature-scaled at it)
-    sampled: torch.Tensor | None = None  # (B,) bool: False for rows the engine did not sample (e.g. replayed answers)
-    # vision-language policies: each row's image, normalised (credo.models.vision); None for text-only batches
-    pixel_values: torch.Tensor | None = None  # (B, 3, H, W) float
 
-    # a method's own tensors, under names its package declares (:data:`BATCH_EXTRAS`): (B, ...) per row, or
-    # (B, T, ...) per response token (sliced with the rows by ``select`` and with the columns by micro-batch trims)
+    # the tensors only some runs have (the sampled flags, images, quantile and flow critics' inputs and targets, the
+    # reference's entropy, the token rewards, a method's own), under names their writers declare
+    # (:data:`BATCH_EXTRAS`): (B, ...) per row, or (B, T, ...) per response token (sliced with the rows by
+    # ``select``, and with the columns by micro-batch trims when declared per token)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -142,7 +135,7 @@ class TrainBatch:
         """The extra ``name`` (declared in :data:`BATCH_EXTRAS`; KeyError naming the writer when it is absent)."""
         if name not in self.extras:
             spec = BATCH_EXTRAS.get(name)  # UnknownName (with a suggestion) for an undeclared name
-            raise KeyError(f"batch extra {name!r} is absent: {spec} writes it, and did not run on this batch")
+            raise KeyError(f"batch extra {name!r} is absent: its writer did not run on this batch ({spec})")
         return self.extras[name]
 
     def set_extra(self, name: str, value: Any) -> None:
@@ -151,15 +144,32 @@ class TrainBatch:
         self.extras[name] = value
 
 
-# batch extra name -> who writes it and what it holds; a method declares its extras once (``declare_extra``), so a
-# misspelt name fails with a suggestion instead of reading nothing
-BATCH_EXTRAS: Registry[str] = Registry("batch extra", builtins=("credo.methods.distill.terms",),
-                                       same=lambda a, b: a == b)
+@dataclass(frozen=True)
+class ExtraSpec:
+    """A declared batch extra: who writes it, its shape and meaning (``description``), and whether it is laid out
+    per response token, (B, T, ...) (``per_token``: micro-batch trims cut its columns), or per row, (B, ...)."""
+
+    description: str
+    per_token: bool = True
+
+    def __str__(self) -> str:
+        return self.description
 
 
-def declare_extra(name: str, description: str) -> str:
-    """Declare the batch extra ``name`` (``description``: its writer, shape and meaning); returns the name."""
-    BATCH_EXTRAS.add(name, description)
+# batch extra name -> its ExtraSpec; a module declares the extras it writes once (``declare_extra``), so a misspelt
+# name fails with a suggestion instead of reading nothing. The built-ins: collate's sampled flags and images
+# (credo.models.batch), the critic pass's value quantiles (credo.train.forward), DFPO's flow targets and weights
+# (credo.train.flow_targets), the step's reference entropy, token rewards and return quantiles
+# (credo.recipes.step), distillation's teacher log-probs (credo.methods.distill.terms)
+BATCH_EXTRAS: Registry[ExtraSpec] = Registry(
+    "batch extra", builtins=("credo.models.batch", "credo.train.forward", "credo.train.flow_targets",
+                             "credo.recipes.step", "credo.methods.distill.terms"), same=lambda a, b: a == b)
+
+
+def declare_extra(name: str, description: str, *, per_token: bool = True) -> str:
+    """Declare the batch extra ``name`` (``description``: its writer, shape and meaning; ``per_token``: (B, T, ...)
+    per response token, else (B, ...) per row); returns the name."""
+    BATCH_EXTRAS.add(name, ExtraSpec(description, per_token))
     return name
 
 

@@ -1,6 +1,6 @@
 """The log-prob guards: ``finite_logprobs`` (before the update) and ``first_ratio`` (after it).
 
-finite_logprobs: every loss token of a row the engine sampled (``response_mask`` 1, ``TrainBatch.sampled``) has a
+finite_logprobs: every loss token of a row the engine sampled (``response_mask`` 1, batch extra ``sampled``) has a
 finite behaviour log-prob. credo never zero-fills a missing one (a log-prob of 0.0 reads as probability 1 and makes
 the PPO / IS ratio of that token exp(logprob) instead of ~1): the vLLM transports, the agent loop and
 :func:`credo.models.batch.collate` write NaN where the engine gave none, so the guard sees it here. Rows the engine did
@@ -26,14 +26,17 @@ from __future__ import annotations
 import torch
 
 from credo.guards import Guards
+from credo.models.batch import SAMPLED
 from credo.types import TrainBatch, Trajectory
 
 FIRST_RATIO_METRIC = "actor/first_ratio_dev"
 
 
 def sampled_loss_tokens(batch: TrainBatch) -> torch.Tensor:
-    """(B, T) bool: the loss tokens (``response_mask`` 1) of the rows the engine sampled (``batch.sampled``)."""
-    sampled = batch.sampled if batch.sampled is not None else torch.ones(batch.batch_size, dtype=torch.bool)
+    """(B, T) bool: the loss tokens (``response_mask`` 1) of the rows the engine sampled (the extra ``sampled``;
+    every row when absent)."""
+    sampled = batch.extras.get(SAMPLED)
+    sampled = sampled if sampled is not None else torch.ones(batch.batch_size, dtype=torch.bool)
     return batch.response_mask.bool() & sampled[:, None]
 
 

@@ -5,15 +5,22 @@ from __future__ import annotations
 import torch
 
 from credo.models.vision import example_pixels
-from credo.types import Example, RewardResult, TrainBatch, Trajectory
+from credo.types import Example, RewardResult, TrainBatch, Trajectory, declare_extra
+
+SAMPLED = declare_extra("sampled", "collate (credo.models.batch): (B,) bool, False for the rows the engine did not "
+                        "sample (info['replay']: answers replayed from a pool); every collated batch has it",
+                        per_token=False)
+PIXEL_VALUES = declare_extra("pixel_values", "collate (credo.models.batch), vision-language policies: (B, 3, H, W) "
+                             "float, each row's image normalised (credo.models.vision); absent for text-only batches",
+                             per_token=False)
 
 
 def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int, temperature: float = 1.0
             ) -> TrainBatch:
     """Left-pad prompts to P, right-pad responses to T (see :class:`TrainBatch` for the layout). The batch records
-    how it was sampled: ``temperature`` (the rollouts' sampling temperature) and ``sampled``, False for the rows
-    the engine did not generate (``info["replay"]``: answers replayed from a pool), and ``pixel_values`` when the
-    rows' examples carry images (``meta["image"]``, credo.models.vision).
+    how it was sampled: ``temperature`` (the rollouts' sampling temperature) and the extra ``sampled``, False for
+    the rows the engine did not generate (``info["replay"]``: answers replayed from a pool), and the extra
+    ``pixel_values`` when the rows' examples carry images (``meta["image"]``, credo.models.vision).
 
     Behaviour log-probs are never zero-filled: a sampled row's loss token whose log-prob the engine did not return
     (a list shorter than the response, a None or NaN entry) is NaN in ``rollout_logprobs``, for the
@@ -41,13 +48,13 @@ def collate(trajs: list[Trajectory], rewards: list[RewardResult], *, pad_id: int
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     sampled = torch.tensor(["replay" not in t.info for t in trajs], dtype=torch.bool)
     rollout_lp = rollout_lp.masked_fill(~(mask.bool() & sampled[:, None]), 0.0)  # only the guard's tokens keep NaN
+    pixels = example_pixels([t.example for t in trajs])  # None unless the rows carry images
     return TrainBatch(
         input_ids=input_ids, attention_mask=attention, position_ids=positions, responses=responses,
         response_mask=mask, prompt_len=plen, rollout_logprobs=rollout_lp,
         scores=torch.tensor([r.score for r in rewards], dtype=torch.float32),
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long), temperature=temperature,
-        sampled=sampled,
-        pixel_values=example_pixels([t.example for t in trajs]),  # None unless the rows carry images
+        extras={SAMPLED: sampled} | ({} if pixels is None else {PIXEL_VALUES: pixels}),
     )
 
 

@@ -30,13 +30,21 @@ from credo.guards.logprobs import check_behaviour_logprobs, check_first_ratio
 from credo.models.lora import adapters_disabled, is_lora
 from credo.registry import Registry
 from credo.tracking.dump import rollout_records
-from credo.models.batch import collate
+from credo.models.batch import SAMPLED, collate
 from credo.train.flow_targets import CriticPassOptions, critic_pass
-from credo.train.forward import ForwardOptions, batched_logprobs
+from credo.train.forward import VALUE_QUANTILES, ForwardOptions, batched_logprobs
 from credo.tracking.timer import Timer
 from credo.train.transforms import StepIO, kl_metric, run_phase
 from credo.train.update import UpdateOptions, rollout_correction_mode, update_critic, update_policy
-from credo.types import AdvantageOutput, SamplingParams, TrainBatch
+from credo.types import AdvantageOutput, SamplingParams, TrainBatch, declare_extra
+
+# the extras the step writes itself (credo.types.BATCH_EXTRAS)
+REF_ENTROPY = declare_extra("ref_entropy", "the step's reference pass (credo.recipes.step), when something reads "
+                            "it (a critic loss on the frozen LM's entropy): (B, T) the reference policy's entropy")
+TOKEN_REWARDS = declare_extra("token_rewards", "the step's advantages stage (credo.recipes.step): (B, T) the rewards "
+                              "the estimator saw (last-token score plus what the reward transforms added)")
+RETURN_QUANTILES = declare_extra("return_quantiles", "the step's advantages stage (credo.recipes.step), for an "
+                                 "estimator that returns them: (B, T, M) distributional return targets")
 
 
 def rl_step(cfg, parts, state, *, step: int) -> dict[str, float]:
@@ -96,7 +104,7 @@ def old_logprob_pass(cfg, parts, batch: TrainBatch, io: StepIO, state) -> dict[s
             opts=ForwardOptions.of(cfg))
         batch.entropy = token_stats["entropy"]
     state.entropy_history.append(float(masked_mean(batch.entropy, batch.response_mask)))
-    unsampled = ~batch.sampled
+    unsampled = ~batch.extra(SAMPLED)
     batch.rollout_logprobs[unsampled] = batch.old_logprobs[unsampled]
     # sampler vs trainer log-probs of the same tokens (verl's rollout_probs_diff): ~0 on-policy, the policy lag's
     # effect in one-step-off mode
@@ -127,7 +135,8 @@ def reference_pass(cfg, parts, batch: TrainBatch, io: StepIO) -> None:
             ref, batch, micro_batch_size=cfg.train.micro_batch_size, micro_batch_tokens=cfg.train.micro_batch_tokens,
             temperature=batch.temperature, stats=("entropy",) if parts.plan.ref_entropy else (),
             opts=ForwardOptions.of(cfg))
-        batch.ref_entropy = stats.get("entropy")
+        if "entropy" in stats:
+            batch.set_extra(REF_ENTROPY, stats["entropy"])
     io.metrics["actor/kl"] = kl_metric(batch, cfg.algo.kl_estimator)
 
 
@@ -145,8 +154,10 @@ def advantages(cfg, parts, batch: TrainBatch, rollouts, rewards: torch.Tensor, t
         inputs |= rollout_weights(cfg, batch)
         adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
                                  response_mask=batch.response_mask, **inputs, **a.advantage_args)
-        batch.advantages, batch.returns, batch.return_quantiles = adv.advantages, adv.returns, adv.return_quantiles
-        batch.token_rewards = token_rewards(rewards, batch.response_mask)  # r_t, for critic losses that bootstrap
+        batch.advantages, batch.returns = adv.advantages, adv.returns
+        if adv.return_quantiles is not None:
+            batch.set_extra(RETURN_QUANTILES, adv.return_quantiles)
+        batch.set_extra(TOKEN_REWARDS, token_rewards(rewards, batch.response_mask))  # r_t, for bootstrapping critics
         if parts.critic is not None and not {"values", "value_quantiles"} & set(parts.plan.estimator_inputs):
             batch.returns = discounted_returns(rewards, batch.response_mask, 1.0)
     return adv
@@ -170,7 +181,7 @@ class InputContext:
 ESTIMATOR_INPUTS: Registry[Callable[[InputContext], Any]] = Registry(
     "estimator input", builtins=("credo.methods.attnrl.collector",))
 ESTIMATOR_INPUTS.add("values", lambda x: x.batch.values)
-ESTIMATOR_INPUTS.add("value_quantiles", lambda x: x.batch.value_quantiles)
+ESTIMATOR_INPUTS.add("value_quantiles", lambda x: x.batch.extras.get(VALUE_QUANTILES))
 ESTIMATOR_INPUTS.add("entropy_direction", lambda x: x.token_stats["entropy_direction"])
 ESTIMATOR_INPUTS.add("sum_pi_squared", lambda x: x.token_stats["sum_pi_squared"])
 ESTIMATOR_INPUTS.add("old_logprobs", lambda x: x.batch.old_logprobs)

@@ -46,7 +46,7 @@ def rollout_records(batch: TrainBatch, trajs: list[Trajectory], results: list[Re
             "rollout_logprobs": _row_floats(batch.rollout_logprobs, i, n),
             "old_logprobs": _row_floats(batch.old_logprobs, i, n),
             "entropy": _row_floats(batch.entropy, i, n),
-            "token_rewards": _row_floats(batch.token_rewards, i, n),
+            "token_rewards": _row_floats(batch.extras.get("token_rewards"), i, n),  # the step's extra
             "values": _row_floats(batch.values, i, n),
             "temperature": float(batch.temperature),
             "policy_version": traj.policy_version,  # the sampler's policy (the first, under partial rollouts)

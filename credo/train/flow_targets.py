@@ -18,7 +18,7 @@ micro-batch, with the critic as it is at the start of the step (the "old" target
 - ``value_quantiles`` q_bar (B, T, M) and ``values`` V_bar (B, T) (the readouts).
 
 With several flows the targets are aggregated over the flows (``ret_agg``) and sigma too (``q_agg``); the rewards r_t
-enter in the loss (``TrainBatch.token_rewards``, known only after the reward / KL stage).
+enter in the loss (the batch extra ``token_rewards``, known only after the reward / KL stage).
 """
 from __future__ import annotations
 
@@ -27,10 +27,14 @@ from dataclasses import dataclass
 import torch
 
 from credo.algo.dfpo import (aggregate, euler_jacobian, euler_map, next_loss_index, uncertainty_weight)
-from credo.train.forward import batched_values, response_outputs
-from credo.types import TrainBatch
+from credo.train.forward import VALUE_QUANTILES, batched_values, response_outputs
+from credo.types import TrainBatch, declare_extra
 
 FLOW_CHANNELS = ("eps", "tau", "bcfm_next", "dcfm_next", "dcfm_velocity", "endpoint")  # flow_targets' last axis
+FLOW_TARGETS = declare_extra("flow_targets", "DFPO's flow target pass (credo.train.flow_targets): (B, T, K, C) the "
+                             "flow critic's targets, channels FLOW_CHANNELS, 0 outside the loss mask")
+FLOW_WEIGHTS = declare_extra("flow_weights", "DFPO's flow target pass (credo.train.flow_targets): (B, T) the "
+                             "uncertainty weights w_t, 0 outside the loss mask")
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,9 @@ def critic_pass(opts: CriticPassOptions, critic, batch: TrainBatch, *, step: int
     """Fill the batch's collection-time critic fields: values and value quantiles, and the flow targets when the
     critic loss needs them."""
     if opts.flow is None:
-        batch.values, batch.value_quantiles = batched_values(critic, batch, micro_batch_size=opts.micro_batch_size)
+        batch.values, quantiles = batched_values(critic, batch, micro_batch_size=opts.micro_batch_size)
+        if quantiles is not None:
+            batch.set_extra(VALUE_QUANTILES, quantiles)
         return
     flow_target_pass(opts.flow, critic, batch, seed=opts.seed, step=step, micro_batch_size=opts.micro_batch_size)
 
@@ -128,8 +134,8 @@ def flow_targets_of(o: FlowPassOptions, out, response_mask: torch.Tensor, eps: t
 
 def flow_target_pass(o: FlowPassOptions, critic, batch: TrainBatch, *, seed: int, step: int,
                      micro_batch_size: int | None) -> None:
-    """Sets batch.values, value_quantiles, flow_targets and flow_weights (module docstring), in micro-batches of
-    ``micro_batch_size`` rows (the result does not depend on it)."""
+    """Sets batch.values and the extras value_quantiles, flow_targets and flow_weights (module docstring), in
+    micro-batches of ``micro_batch_size`` rows (the result does not depend on it)."""
     was_training = critic.training
     critic.eval()
     b, t_len = batch.response_mask.shape
@@ -152,6 +158,6 @@ def flow_target_pass(o: FlowPassOptions, critic, batch: TrainBatch, *, seed: int
     real = batch.attention_mask[:, batch.prompt_len:].to(mask.dtype)  # 1 on response tokens, 0 on padding
     values, q, tgt, w = (torch.cat(x) for x in zip(*parts))
     batch.values = values * real
-    batch.value_quantiles = q * mask.unsqueeze(-1)
-    batch.flow_targets = tgt * mask.unsqueeze(-1).unsqueeze(-1)
-    batch.flow_weights = w * mask
+    batch.set_extra(VALUE_QUANTILES, q * mask.unsqueeze(-1))
+    batch.set_extra(FLOW_TARGETS, tgt * mask.unsqueeze(-1).unsqueeze(-1))
+    batch.set_extra(FLOW_WEIGHTS, w * mask)

@@ -12,15 +12,19 @@ from credo.train.fsdp import sharded_root
 from credo.models.compat import cache_kwargs, output_cache
 from credo.train.packing import pack, token_budget_groups, valid_responses
 from credo.train.shared_pack import packed_shared_hidden
-from credo.types import TrainBatch
+from credo.models.batch import PIXEL_VALUES
+from credo.types import BATCH_EXTRAS, TrainBatch, declare_extra
 
+VALUE_QUANTILES = declare_extra("value_quantiles", "the critic pass at collection (credo.train.forward.batched_values, "
+                                "or a flow critic's target pass), quantile critics only: (B, T, M) the head-mean "
+                                "quantiles, 0 outside the loss mask")
 
 
 def _inputs(batch: TrainBatch, device: torch.device) -> dict[str, torch.Tensor]:
     out = {"input_ids": batch.input_ids.to(device), "attention_mask": batch.attention_mask.to(device),
            "position_ids": batch.position_ids.to(device)}
-    if batch.pixel_values is not None:  # a vision-language policy: the rows' images (consumed at the prompt)
-        out["pixel_values"] = batch.pixel_values.to(device)
+    if PIXEL_VALUES in batch.extras:  # a vision-language policy: the rows' images (consumed at the prompt)
+        out["pixel_values"] = batch.extras[PIXEL_VALUES].to(device)
     return out
 
 
@@ -75,7 +79,7 @@ def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOpti
     (hidden (N, H), labels (N,), valid (B, T) bool)."""
     device = next(model.parameters()).device
     if opts.pack:
-        if batch.pixel_values is not None:
+        if PIXEL_VALUES in batch.extras:
             raise ValueError("train.pack: not implemented with images (packing does not order the images with "
                              "their token blocks); set train.pack=false")
         packed = pack(batch, opts.row_tokens or 0)
@@ -101,8 +105,8 @@ def shared_prompts(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor] | Non
     """(first row of each distinct prompt (U,), each row's prompt index (B,)), or None when no two rows share one."""
     p = batch.prompt_len
     parts = [batch.input_ids[:, :p], batch.attention_mask[:, :p], batch.position_ids[:, :p]]
-    if batch.pixel_values is not None:  # a prompt is its tokens and its image (float32 bits compared exactly)
-        parts.append(batch.pixel_values.float().flatten(1).contiguous().view(torch.int32).long())
+    if PIXEL_VALUES in batch.extras:  # a prompt is its tokens and its image (float32 bits compared exactly)
+        parts.append(batch.extras[PIXEL_VALUES].float().flatten(1).contiguous().view(torch.int32).long())
     key = torch.cat(parts, dim=1)
     uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
     if len(uniq) == batch.batch_size:
@@ -127,7 +131,8 @@ def shared_prompt_hidden(model: torch.nn.Module, batch: TrainBatch, first: torch
     ids, attn, pos = (x.to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
     rows = first.to(device)
     cache = DynamicCache(config=model.config)
-    images = {} if batch.pixel_values is None else {"pixel_values": batch.pixel_values.to(device)[rows]}
+    pixels = batch.extras.get(PIXEL_VALUES)  # (B, 3, H, W) or None
+    images = {} if pixels is None else {"pixel_values": pixels.to(device)[rows]}
     out = model.base_model(input_ids=ids[rows, :p], attention_mask=attn[rows, :p], position_ids=pos[rows, :p],
                            **cache_kwargs(model.base_model, cache), use_cache=True, **images)
     index = inverse.to(device)
@@ -227,13 +232,12 @@ def trim(mb: TrainBatch) -> TrainBatch:
         v = getattr(mb, name)
         if name in ("input_ids", "attention_mask", "position_ids"):
             v = v[:, left : p + t]
-        elif name == "pixel_values":  # per row, not per column
-            pass
-        elif isinstance(v, torch.Tensor) and v.dim() >= 2:  # (B, T) and (B, T, M) response tensors
+        elif isinstance(v, torch.Tensor) and v.dim() >= 2:  # (B, T) response tensors
             v = v[:, :t]
         out[name] = v
-    out["extras"] = {k: v[:, :t] if isinstance(v, torch.Tensor) and v.dim() >= 2 else v
-                     for k, v in mb.extras.items()}  # (B, T, ...) extras lose the same columns; (B,) ones are kept
+    # extras declared per token, (B, T, ...), lose the same columns; per-row ones ((B,), images) are kept
+    out["extras"] = {k: v[:, :t] if isinstance(v, torch.Tensor) and v.dim() >= 2 and BATCH_EXTRAS.get(k).per_token
+                     else v for k, v in mb.extras.items()}
     out["prompt_len"] = p - left
     return TrainBatch(**out)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from credo.models.batch import PIXEL_VALUES
 from credo.models.compat import cache_kwargs, output_cache
 from credo.train.packing import first_fit
 
@@ -35,7 +36,8 @@ def packed_shared_hidden(model: torch.nn.Module, batch, first: torch.Tensor, inv
     p = batch.prompt_len
     ids, attn, pos = (x.to(device) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
     rows, index = first.to(device), inverse.to(device)
-    images = {} if batch.pixel_values is None else {"pixel_values": batch.pixel_values.to(device)[rows]}
+    pixels = batch.extras.get(PIXEL_VALUES)  # (B, 3, H, W) or None
+    images = {} if pixels is None else {"pixel_values": pixels.to(device)[rows]}
     cache = DynamicCache(config=model.config)
     out = model.base_model(input_ids=ids[rows, :p], attention_mask=attn[rows, :p], position_ids=pos[rows, :p],
                            **cache_kwargs(model.base_model, cache), use_cache=True, **images)

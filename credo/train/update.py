@@ -29,6 +29,11 @@ from credo.train.optim import clip_and_step
 from credo.train.stats import MetricAccumulator
 from credo.types import TrainBatch
 
+# the critic losses' inputs (credo.algo.critic) that are batch extras, under the same names: the step's return
+# quantiles, reference entropy and token rewards (credo.recipes.step), a flow critic's targets and weights; None
+# where absent (a loss's ``needs`` says which it requires)
+CRITIC_EXTRAS = ("return_quantiles", "ref_entropy", "flow_targets", "flow_weights", "token_rewards")
+
 
 @dataclass(frozen=True)
 class LossSpec:
@@ -282,10 +287,8 @@ def update_critic(opts: UpdateOptions, critic, batch: TrainBatch, optimizer, sch
         for micro in split_micro(opts.batching, dp.shard(mb)):
             out = response_outputs(critic, micro)
             inputs = {"values": out.values, "quantiles": out.quantiles, "kl": out.kl, "aux": out.aux,
-                      "old_values": micro.values, "returns": micro.returns,
-                      "return_quantiles": micro.return_quantiles, "ref_entropy": micro.ref_entropy,
-                      "ref_logprobs": micro.ref_logprobs, "flow": out.flow, "flow_targets": micro.flow_targets,
-                      "flow_weights": micro.flow_weights, "token_rewards": micro.token_rewards}
+                      "old_values": micro.values, "returns": micro.returns, "ref_logprobs": micro.ref_logprobs,
+                      "flow": out.flow} | {name: micro.extras.get(name) for name in CRITIC_EXTRAS}
             loss = compute_critic_loss(c.loss, response_mask=micro.response_mask, agg=opts.loss.agg, norm=norm,
                                        inputs=inputs, **c.loss_args)
             loss.loss.backward()

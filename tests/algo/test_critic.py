@@ -252,7 +252,8 @@ def _critic_batch(tok, m: int):
     mask = batch.response_mask
     batch.values = 0.3 * torch.randn(mask.shape, generator=g) * mask
     batch.returns = torch.randn(mask.shape, generator=g) * mask
-    batch.return_quantiles = torch.randn((*mask.shape, m), generator=g).sort(-1).values * mask.unsqueeze(-1)
+    targets = torch.randn((*mask.shape, m), generator=g).sort(-1).values * mask.unsqueeze(-1)  # (B, T, M)
+    batch.set_extra("return_quantiles", targets)
     return batch
 
 

@@ -285,9 +285,10 @@ def test_target_pass_is_independent_of_micro_batching_and_bootstraps_from_the_ne
     opts = FlowPassOptions()
     flow_target_pass(opts, critic, whole, seed=3, step=5, micro_batch_size=None)
     flow_target_pass(opts, critic, split, seed=3, step=5, micro_batch_size=2)
-    for name in ("values", "value_quantiles", "flow_targets", "flow_weights"):
-        close(getattr(split, name), getattr(whole, name), atol=1e-5, rtol=1e-5)
-    t = whole.flow_targets  # (B, T, K, C)
+    close(split.values, whole.values, atol=1e-5, rtol=1e-5)
+    for name in ("value_quantiles", "flow_targets", "flow_weights"):  # batch extras
+        close(split.extra(name), whole.extra(name), atol=1e-5, rtol=1e-5)
+    t = whole.extra("flow_targets")  # (B, T, K, C)
     assert t.shape == (6, 12, 4, len(FLOW_CHANNELS))
     # row 3: loss tokens 0-3 and 9-11; token 3 bootstraps from token 9 (the masked span is skipped); token 11 is
     # terminal, so its BCFM / DCFM bootstraps are 0; masked tokens carry nothing
@@ -297,7 +298,7 @@ def test_target_pass_is_independent_of_micro_batching_and_bootstraps_from_the_ne
     eps, tau, _ = flow_draws(3, 5, 6, 12, 4)
     close(t[..., 0], eps * whole.response_mask.unsqueeze(-1))
     close(t[..., 1], tau * whole.response_mask.unsqueeze(-1))
-    assert ((whole.flow_weights > 0.5) | (whole.response_mask == 0)).all()
+    assert ((whole.extra("flow_weights") > 0.5) | (whole.response_mask == 0)).all()
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
@@ -311,9 +312,9 @@ def test_dfpo_critic_update_is_exact_under_gradient_accumulation(tiny_model, agg
         torch.nn.init.normal_(net.out.weight, std=0.3)
     batch = _batch(tok)
     flow_target_pass(FlowPassOptions(), base, batch, seed=0, step=0, micro_batch_size=None)
-    batch.token_rewards = token_rewards(batch.scores, batch.response_mask)
-    batch.return_quantiles = distributional_gae(batch.scores, batch.value_quantiles, batch.response_mask,
-                                                gamma=1.0, lam=0.95)[1]
+    batch.set_extra("token_rewards", token_rewards(batch.scores, batch.response_mask))
+    batch.set_extra("return_quantiles", distributional_gae(batch.scores, batch.extra("value_quantiles"),
+                                                           batch.response_mask, gamma=1.0, lam=0.95)[1])
     results = []
     for micro in ("null", "2"):
         cfg = load_config(None, ["algo.advantage=dfpo", "critic.head=flow", "critic.loss=dfpo",

@@ -53,8 +53,8 @@ def test_collate_records_how_the_batch_was_sampled():
     batch = collate([_traj(0), _traj(0, {"replay": "positive"})], [RewardResult(1.0)] * 2, pad_id=0,
                     temperature=0.7)
     assert batch.temperature == 0.7
-    assert batch.sampled.tolist() == [True, False]  # the replayed row was not sampled by the engine
-    assert batch.select(torch.tensor([1])).sampled.tolist() == [False]
+    assert batch.extra("sampled").tolist() == [True, False]  # the replayed row was not sampled by the engine
+    assert batch.select(torch.tensor([1])).extra("sampled").tolist() == [False]
     assert collate([_traj(0)], [RewardResult(0.0)], pad_id=0).temperature == 1.0
 
 

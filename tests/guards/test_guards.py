@@ -50,7 +50,7 @@ def test_collate_marks_missing_behaviour_logprobs_nan_and_zeroes_the_rest():
     lp = batch.rollout_logprobs
     assert lp[0, 0] == -0.5 and lp[0, 1:].isnan().all()
     assert lp[1, 0] == pytest.approx(-0.1) and lp[1, 1].isnan() and lp[1, 2] == 0.0  # mask 0: no NaN
-    assert (lp[2] == 0.0).all() and not batch.sampled[2]  # unsampled row and padding: 0.0
+    assert (lp[2] == 0.0).all() and not batch.extra("sampled")[2]  # unsampled row and padding: 0.0
     with pytest.raises(ValueError, match="4 rollout log-probs for a response of 3 tokens"):
         collate([_traj([1, 2, 3], [-1.0] * 4)], [RewardResult(0.0)], pad_id=0)
 

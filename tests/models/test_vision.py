@@ -55,6 +55,11 @@ def _data(model, examples):
     return expand_image_prompts(data, model)
 
 
+def _with_pixels(batch, pixels):
+    """The batch with other images (the extra ``pixel_values``; the batch's own extras untouched)."""
+    return dataclasses.replace(batch, extras={**batch.extras, "pixel_values": pixels})
+
+
 def _batch(model, tok, examples, n=2, seed=0):
     from credo.rollout import HFRolloutEngine
     from credo.models.batch import collate
@@ -155,7 +160,7 @@ def test_forward_generate_and_every_path_agree_with_credos_layout(tiny):
     model, tok = tiny
     examples = _data(model, _examples(4)).train
     batch, trajs = _batch(model, tok, examples, n=3)
-    assert batch.pixel_values.shape == (12, 3, 32, 32) and len({len(t.prompt_ids) for t in trajs}) > 1
+    assert batch.extra("pixel_values").shape == (12, 3, 32, 32) and len({len(t.prompt_ids) for t in trajs}) > 1
     assert trajs[0].prompt_ids[:18] == [tok.bos_token_id] + [tok.convert_tokens_to_ids(IMAGE_TOKEN)] * 16 + \
         [tok.convert_tokens_to_ids("w")]  # <bos> + 16 <image> + "what color ..."
     naive, _ = batched_logprobs(model, batch, micro_batch_size=None, opts=NAIVE)
@@ -172,7 +177,7 @@ def test_forward_generate_and_every_path_agree_with_credos_layout(tiny):
     assert (lift > 0).all() and (lift < 0.05).all()
     alone, _ = batched_logprobs(model, batch.select(torch.tensor([4])), micro_batch_size=None, opts=NAIVE)
     assert torch.allclose(alone[0], naive[4], atol=1e-5)
-    flipped = dataclasses.replace(batch, pixel_values=batch.pixel_values.flip(-1))
+    flipped = _with_pixels(batch, batch.extra("pixel_values").flip(-1))
     moved, _ = batched_logprobs(model, flipped, micro_batch_size=None, opts=ForwardOptions())
     assert (moved - naive)[valid].abs().max() > 1e-4
     # one prompt text, two images: the shared-prompt forward must not merge the rows
@@ -207,10 +212,11 @@ def test_select_trim_and_collate_carry_the_images(tiny):
     model, tok = tiny
     batch, trajs = _batch(model, tok, _data(model, _examples(3)).train, n=2)
     raw = raw_pixels([t.example.meta["image"] for t in trajs])
-    assert torch.equal(batch.pixel_values, normalize_pixels(raw)) and batch.pixel_values.min() == -1.0
+    pixels = batch.extra("pixel_values")  # (B, 3, H, W)
+    assert torch.equal(pixels, normalize_pixels(raw)) and pixels.min() == -1.0
     sub = batch.select(torch.tensor([5, 0]))
-    assert torch.equal(sub.pixel_values, batch.pixel_values[[5, 0]])
-    assert torch.equal(trim(sub).pixel_values, sub.pixel_values)  # trimmed columns, not channels
+    assert torch.equal(sub.extra("pixel_values"), pixels[[5, 0]])
+    assert torch.equal(trim(sub).extra("pixel_values"), sub.extra("pixel_values"))  # trimmed columns, not channels
     with pytest.raises(ValueError, match="no image"):
         t = dataclasses.replace(trajs[0], example=Example("x", "y"))
         from credo.models.batch import collate
@@ -227,7 +233,7 @@ def test_critic_reads_the_images(tiny):
     critic = ValueModel.from_policy(model)
     torch.nn.init.normal_(critic.value_head.weight, std=1.0)
     v1, _ = batched_values(critic, batch, micro_batch_size=None)
-    v2, _ = batched_values(critic, dataclasses.replace(batch, pixel_values=-batch.pixel_values), micro_batch_size=None)
+    v2, _ = batched_values(critic, _with_pixels(batch, -batch.extra("pixel_values")), micro_batch_size=None)
     assert v1.shape == batch.responses.shape and (v1 - v2).abs().max() > 1e-4
 
 
@@ -277,13 +283,16 @@ def test_perturbed_batch_keeps_input_ids_and_identical_image_gives_zero_jsd(tiny
 
     model, tok = tiny
     batch, trajs = _batch(model, tok, _data(model, _examples(3)).train)
+    intact = batch.extra("pixel_values").clone()
     pb = perturbed_image_batch(batch, trajs, perturb="gaussian", perturb_args={}, regions="whole", seed=0, step=0)
     for f in dataclasses.fields(batch):
         a, b = getattr(batch, f.name), getattr(pb, f.name)
-        if f.name == "pixel_values":
-            assert not torch.equal(a, b) and a.shape == b.shape
-        elif isinstance(a, torch.Tensor):
+        if isinstance(a, torch.Tensor):
             assert torch.equal(a, b), f.name
+    assert torch.equal(pb.extra("sampled"), batch.extra("sampled"))
+    a, b = batch.extra("pixel_values"), pb.extra("pixel_values")
+    assert not torch.equal(a, b) and a.shape == b.shape
+    assert torch.equal(a, intact)  # the intact batch keeps its images
     same = perturbed_image_batch(batch, trajs, perturb="gaussian", perturb_args={"std": 0.0}, regions="whole",
                                  seed=0, step=0)
     st = grounding_stats(model, batch, same, opts=ForwardOptions())

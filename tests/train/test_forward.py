@@ -229,6 +229,26 @@ def test_trim_drops_padding_columns_and_keeps_the_layout():
     torch.testing.assert_close(lp_small, lp_full[:, :9], rtol=0, atol=1e-10)
 
 
+def test_trim_cuts_the_columns_of_per_token_extras_only():
+    """Extras declared per token, (B, T, ...), lose the trimmed response columns with the core (B, T) fields; per-row
+    ones keep every dimension, even one as long as T (images, the sampled flags)."""
+    _, tok = _model64()
+    micro = micro_batches(_batch(tok), size=2)[0]  # rows 0, 1: responses 9 and 2 of T = 12 columns
+    b, t = micro.responses.shape
+    rewards = torch.arange(b * t, dtype=torch.float32).view(b, t)  # (B, T)
+    quantiles = torch.randn(b, t, 3)  # (B, T, M)
+    pixels = torch.randn(b, 3, t, t)  # (B, 3, H, W) with H = W = T
+    micro.set_extra("token_rewards", rewards)
+    micro.set_extra("value_quantiles", quantiles)
+    micro.set_extra("pixel_values", pixels)
+    small = trim(micro)
+    assert small.responses.shape[1] == 9 < t
+    assert torch.equal(small.extra("token_rewards"), rewards[:, :9])
+    assert torch.equal(small.extra("value_quantiles"), quantiles[:, :9])
+    assert torch.equal(small.extra("pixel_values"), pixels)
+    assert torch.equal(small.extra("sampled"), micro.extra("sampled"))  # (B,): collate's
+
+
 def test_token_budget_groups_and_first_fit():
     # budget 10: [4, 5] = 9 fits, + 3 would be 12 -> new group; 12 alone (longer than the budget); [2, 2]
     assert token_budget_groups([4, 5, 3, 12, 2, 2], 10) == [[0, 1], [2], [3], [4, 5]]

@@ -11,6 +11,7 @@ import torch
 
 from credo.config import ConfigError, RunConfig
 from credo.models import load_model
+from credo.models.batch import PIXEL_VALUES
 from credo.rollout.vllm_transport import VLLMScorer
 from credo.train.forward import ForwardOptions, batched_logprobs
 from credo.types import TrainBatch
@@ -95,7 +96,7 @@ class ServerTeacher:
         if batch.temperature != 1.0:
             raise ValueError(f"distill.teacher.url scores at temperature 1, the batch was sampled at "
                              f"{batch.temperature:g}")
-        if batch.pixel_values is not None:
+        if PIXEL_VALUES in batch.extras:
             raise ValueError("distill.teacher.url scores token ids only; a vision batch needs distill.teacher.path")
         real = batch.attention_mask.bool()  # (B, P + T): left-padded prompts, right-padded responses
         seqs = [batch.input_ids[b][real[b]].tolist() for b in range(batch.batch_size)]

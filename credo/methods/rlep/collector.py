@@ -4,7 +4,7 @@ answers into every group it collects (``replay: {...}``; ``docs/algorithms/rlep.
     rollouts = inner.collect(step, timer)            # fresh groups
     replay_step(cfg, pool, ..., rollouts, step)      # + up to replay.num stored answers per group (scored)
 
-Replayed rows were not sampled by the engine (``info["replay"]``, so ``TrainBatch.sampled`` is False for them):
+Replayed rows were not sampled by the engine (``info["replay"]``, so the batch extra ``sampled`` is False for them):
 the step needs the old-log-prob pass, whose log-probs become their behaviour log-probs (ratio 1 at the first
 update), as the reference recomputes them.
 """

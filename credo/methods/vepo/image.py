@@ -1,7 +1,7 @@
 """VEPO's image perturbations (docs/algorithms/vepo.md#images, [derived] / [code, related method]).
 
 With a vision-language policy the grounding input is the image: the perturbed forward keeps every row's
-``input_ids`` and replaces its ``pixel_values`` by
+``input_ids`` and replaces its batch extra ``pixel_values`` by
 
     x~ = perturb(x, regions, rng(seed, step, row), **args)          x: raw pixels (3, H, W) in [0, 1]
 

@@ -22,7 +22,7 @@ from credo.methods.vepo.algo import (chunked_grounding_stats, grounding_sensitiv
                                   top_fraction_mask, vepo_scores)
 from credo.algo.logprobs import entropy_from_logits
 from credo.models.tokenizer import encode_prompt
-from credo.models.batch import collate
+from credo.models.batch import PIXEL_VALUES, collate
 from credo.train.forward import (ForwardOptions, _lm_head, _pad_to, _scatter, in_forward, response_hidden,
                                  response_logits, trim)
 from credo.methods.vepo.grounding import example_spans, get_perturbation, perturbation_rng, prompt_offset
@@ -90,7 +90,8 @@ def perturbed_image_batch(batch: TrainBatch, trajs: list[Trajectory], *, perturb
     raw = raw_pixels([ex.meta["image"] for ex in examples])  # (B, 3, H, W) in [0, 1]
     noisy = perturb_images(raw, [ex.meta for ex in examples], perturb=perturb, perturb_args=perturb_args,
                            regions=regions, seed=seed, step=step)
-    return dataclasses.replace(batch, pixel_values=normalize_pixels(noisy).to(batch.pixel_values.dtype))
+    pixels = normalize_pixels(noisy).to(batch.extra(PIXEL_VALUES).dtype)
+    return dataclasses.replace(batch, extras={**batch.extras, PIXEL_VALUES: pixels})  # the intact batch's untouched
 
 
 def _micro_grounding(model, intact: TrainBatch, perturbed: TrainBatch, temperature: float, opts: ForwardOptions):
@@ -116,8 +117,9 @@ def grounding_stats(model, intact: TrainBatch, perturbed: TrainBatch, *, tempera
     """No-grad JSD and entropies of the intact vs perturbed forward per response token, on the CPU."""
     if intact.batch_size != perturbed.batch_size or not torch.equal(intact.responses, perturbed.responses):
         raise ValueError("VEPO: the perturbed batch must hold the same responses as the intact one")
-    if (intact.pixel_values is None) != (perturbed.pixel_values is None) or (
-            intact.pixel_values is not None and intact.pixel_values.shape != perturbed.pixel_values.shape):
+    images, perturbed_images = intact.extras.get(PIXEL_VALUES), perturbed.extras.get(PIXEL_VALUES)
+    if (images is None) != (perturbed_images is None) or (
+            images is not None and images.shape != perturbed_images.shape):
         raise ValueError("VEPO: the perturbed batch must hold images of the intact batch's shape")
     was_training = model.training
     model.eval()
@@ -186,12 +188,13 @@ def vepo_step(v, model, tokenizer, batch: TrainBatch, trajs: list[Trajectory], *
               offset: int = 0) -> tuple[TrainBatch, dict[str, float]]:
     """The batch the policy update sees under VEPO config ``v`` (a
     :class:`credo.methods.vepo.config.VepoSelectConfig`), and the step's ``vepo/*`` metrics. A batch with images
-    (``pixel_values``) perturbs the images (``v.image_perturb``) and keeps the prompts; a text batch perturbs the
-    prompts' grounding spans (``v.perturb``)."""
-    if batch.pixel_values is not None:
+    (the extra ``pixel_values``) perturbs the images (``v.image_perturb``) and keeps the prompts; a text batch
+    perturbs the prompts' grounding spans (``v.perturb``)."""
+    images = batch.extras.get(PIXEL_VALUES)  # (B, 3, H, W) or None
+    if images is not None:
         perturbed = perturbed_image_batch(batch, trajs, perturb=v.image_perturb, perturb_args=v.image_perturb_args,
                                           regions=v.image_regions, seed=seed, step=step)
-        changed = int((perturbed.pixel_values != batch.pixel_values).flatten(1).any(-1).sum())
+        changed = int((perturbed.extra(PIXEL_VALUES) != images).flatten(1).any(-1).sum())
     else:
         prompts = perturbed_prompts(trajs, perturb=v.perturb, perturb_args=v.perturb_args, seed=seed, step=step,
                                     offset=offset)
@@ -204,7 +207,7 @@ def vepo_step(v, model, tokenizer, batch: TrainBatch, trajs: list[Trajectory], *
     sel = select(stats, mask, top_fraction=v.top_fraction, jsd_weight=v.jsd_weight, gap_weight=v.gap_weight,
                  normalize=v.normalize, scope=v.scope, apply=v.apply, max_weight=v.max_weight)
     metrics = selection_metrics(stats, sel, mask, v.apply)
-    key = "vepo/image_changed_frac" if batch.pixel_values is not None else "vepo/prompt_changed_frac"
+    key = "vepo/image_changed_frac" if images is not None else "vepo/prompt_changed_frac"
     metrics[key] = changed / max(len(trajs), 1)
     return apply_selection(batch, sel, v.apply), metrics
 
