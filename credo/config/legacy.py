@@ -7,7 +7,8 @@ a config without it, every preset and override included, is version 0):
 
 0  the keys of the layout before the choice sections (issue 18), mapped to their new places with one deprecation
    notice per moved section (table below). A version-0 config already in the new layout passes unchanged.
-1  the current layout (:data:`FORMAT_VERSION`), written with ``format_version: 1`` since issue 34.
+1  the layout of issue 34's first commits (``format_version: 1``).
+2  the current layout (:data:`FORMAT_VERSION`): two keys renamed so that no key means two things (table below).
 
 A config of a newer version than this code knows is refused in one line naming both versions. A later change of
 the layout adds a step to :data:`STEPS` (its keys named literally) and raises :data:`FORMAT_VERSION`.
@@ -32,6 +33,14 @@ old                                    new
 =====================================  =====================================================================
 
 A switched-off old section (``attnrl.enabled: false``, ``agent.envs: []``, ``vepo.enabled: false``) is dropped.
+
+Version 1 -> 2 (also applied to ``key=value`` overrides of the old names, :func:`alias_key`):
+
+=====================================  =====================================================================
+``critic.warmup_steps``                ``critic.pretrain_steps`` (RL steps that train the critic alone; not an
+                                       lr warm-up like ``train.warmup_steps``)
+``token_select.quantile`` (entropy)    ``token_select.top_fraction`` (the share of tokens kept, VEPO's name)
+=====================================  =====================================================================
 """
 from __future__ import annotations
 
@@ -97,19 +106,42 @@ def _v0_to_v1(data: dict[str, Any], *, rm_sections: str) -> dict[str, Any]:
     return data
 
 
-FORMAT_VERSION = 1  # the layout this code writes (RUN_DIR/config.yaml's format_version)
+# version 1 -> 2: (section path, old key, new key)
+RENAMED_KEYS = ((("critic",), "warmup_steps", "pretrain_steps"), (("token_select",), "quantile", "top_fraction"))
+
+
+def _v1_to_v2(data: dict[str, Any], *, rm_sections: str) -> dict[str, Any]:
+    """Version 1 -> 2: the keys of :data:`RENAMED_KEYS` under their new names."""
+    for path, old, new in RENAMED_KEYS:
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and old in node:
+            notice(".".join((*path, old)), ".".join((*path, new)))
+            node.setdefault(new, node.pop(old))
+    return data
+
+
+FORMAT_VERSION = 2  # the layout this code writes (RUN_DIR/config.yaml's format_version)
 VERSION_KEY = "format_version"
 # STEPS[v] upgrades a version-v config (a mapping, changed in place or replaced) to version v + 1
-STEPS: dict[int, Callable[..., dict[str, Any]]] = {0: _v0_to_v1}
+STEPS: dict[int, Callable[..., dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2}
 
 
 REMOTE_ALIAS = ("agent.remote", "rollout.collector.remote")  # a public interface, not a deprecated key
 
 
 def alias_key(key: str) -> str:
-    """``agent.remote.*`` (the documented way to name an AgentGym server) as ``rollout.collector.remote.*``."""
+    """``agent.remote.*`` (the documented way to name an AgentGym server) as ``rollout.collector.remote.*``; a
+    renamed key (:data:`RENAMED_KEYS`) under its new name, with a deprecation notice."""
     old, new = REMOTE_ALIAS
-    return new + key[len(old):] if key == old or key.startswith(old + ".") else key
+    if key == old or key.startswith(old + "."):
+        return new + key[len(old):]
+    for path, was, now in RENAMED_KEYS:
+        if key == ".".join((*path, was)):
+            notice(key, ".".join((*path, now)))
+            return ".".join((*path, now))
+    return key
 
 
 def agent_collector(data: dict[str, Any], key: str) -> None:

@@ -51,7 +51,8 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         for item in overrides:
             key, value = parse_override(item)
             if legacy.alias_key(key) != key:
-                legacy.agent_collector(data, key)
+                if key.startswith(legacy.REMOTE_ALIAS[0]):
+                    legacy.agent_collector(data, key)
                 key = legacy.alias_key(key)
             if key.endswith("+"):  # key+=value: append to a list (--plugin M is plugins+=M)
                 key, value = key[:-1].strip(), _appended(data, key[:-1].strip(), value)

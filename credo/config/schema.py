@@ -175,7 +175,7 @@ class NoSelectConfig:
 @dataclass
 class EntropySelectConfig:
     type: str = type_key("entropy", "train only on the highest-entropy response tokens (forking tokens)")
-    quantile: float = opt(0.2, "share of the batch's response tokens kept, by entropy (the 80/20 rule: 0.2)",
+    top_fraction: float = opt(0.2, "share of the batch's response tokens kept, by entropy (the 80/20 rule: 0.2)",
                           min=0.0, max=1.0)
 
 
@@ -251,7 +251,8 @@ class CriticConfig:
     loss: str = opt("clipped_mse", "critic loss (credo list critic_losses): clipped_mse, dvpo (quantile head, "
                     "algo.advantage=dvpo), vrpo (vib head) or dfpo (flow head, algo.advantage=dfpo)")
     loss_args: dict = opt(None, "critic loss hyperparameters, e.g. {cliprange_value: 0.5}", factory=dict)
-    warmup_steps: int = opt(0, "RL steps that train only the critic (verl critic_warmup)", min=0)
+    pretrain_steps: int = opt(0, "RL steps at the start that train only the critic, the policy frozen (verl "
+                              "critic_warmup; not a learning-rate warm-up)", min=0)
 
 
 @dataclass

@@ -138,7 +138,7 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     model, fresh = lora_policy(cfg, model, tokenizer, data, run_dir, fresh=fresh, resumed=ckpt is not None)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
     with contextlib.ExitStack() as stack:
-        parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)  # a bad teacher etc. fails here
+        parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)  # a piece that cannot be built fails here
         state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, parts.plan, run_dir, parts.model)
         if cfg.distributed.strategy == "fsdp2":

@@ -18,25 +18,22 @@ Which passes run is derived from declarations (credo.train.plan): nothing here t
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable
 
 import torch
 
-from credo.algo import advantage_accepts, compute_advantages, masked_mean
+from credo.algo import compute_advantages, masked_mean
 from credo.algo.advantages import discounted_returns, explained_variance, token_rewards
-from credo.algo.rollout_correction import rollout_is_weights
 from credo.guards.logprobs import check_behaviour_logprobs, check_first_ratio
 from credo.models.lora import adapters_disabled, is_lora
-from credo.registry import Registry
+from credo.recipes.estimator_inputs import InputContext, estimator_inputs
 from credo.tracking.dump import rollout_records
 from credo.models.batch import SAMPLED, collate
 from credo.train.flow_targets import CriticPassOptions, critic_pass
-from credo.train.forward import VALUE_QUANTILES, ForwardOptions, batched_logprobs
+from credo.train.forward import ForwardOptions, batched_logprobs
 from credo.tracking.timer import Timer
 from credo.train.transforms import StepIO, kl_metric, run_phase
-from credo.train.update import UpdateOptions, rollout_correction_mode, update_critic, update_policy
-from credo.types import AdvantageOutput, SamplingParams, TrainBatch, declare_extra
+from credo.train.update import UpdateOptions, update_critic, update_policy
+from credo.types import AdvantageOutput, TrainBatch, declare_extra
 
 # the extras the step writes itself (credo.types.BATCH_EXTRAS)
 REF_ENTROPY = declare_extra("ref_entropy", "the step's reference pass (credo.recipes.step), when something reads "
@@ -69,7 +66,7 @@ def rl_step(cfg, parts, state, *, step: int) -> dict[str, float]:
         batch, _ = run_phase(parts.transforms, "advantages", batch, None, io)
         opts = UpdateOptions.of(cfg)
         critic_update(opts, parts, batch, io)                                      # 7. critic update
-        if step >= cfg.critic.warmup_steps or parts.critic is None:  # the critic's warm-up trains it alone
+        if step >= cfg.critic.pretrain_steps or parts.critic is None:  # the critic trains alone at first
             policy_batch, _ = run_phase(parts.transforms, "policy", batch, None, io)  # 8. token selection
             policy_update(opts, parts, state, policy_batch, io, fused=fused)       # 9. policy update
     io.metrics.update(adv.metrics | timer.metrics() | step_metrics(batch, rollouts.trajs, timer, step=step)
@@ -145,13 +142,12 @@ def reference_pass(cfg, parts, batch: TrainBatch, io: StepIO) -> None:
 def advantages(cfg, parts, batch: TrainBatch, rollouts, rewards: torch.Tensor, token_stats: dict, state,
                io: StepIO) -> AdvantageOutput:
     """The configured estimator. Reads ``rewards`` ((B,) scores or (B, T) token rewards) and the optional inputs it
-    declares (:data:`ESTIMATOR_INPUTS`); writes ``advantages``, ``returns`` (and return quantiles) and the extra
+    declares (credo.recipes.estimator_inputs); writes ``advantages``, ``returns`` (and return quantiles) and the extra
     ``token_rewards``. A critic the estimator does not read learns the undiscounted returns."""
     a = cfg.algo
     with io.timer("adv"):
         x = InputContext(cfg, parts, batch, rollouts, token_stats, state, io.timer)
-        inputs = {name: ESTIMATOR_INPUTS.get(name)(x) for name in parts.plan.estimator_inputs}
-        inputs |= rollout_weights(cfg, batch)
+        inputs = estimator_inputs(x, parts.plan.estimator_inputs)
         adv = compute_advantages(a.advantage, rewards=rewards, group_ids=batch.group_ids,
                                  response_mask=batch.response_mask, **inputs, **a.advantage_args)
         batch.advantages, batch.returns = adv.advantages, adv.returns
@@ -161,74 +157,6 @@ def advantages(cfg, parts, batch: TrainBatch, rollouts, rewards: torch.Tensor, t
         if parts.critic is not None and not {"values", "value_quantiles"} & set(parts.plan.estimator_inputs):
             batch.returns = discounted_returns(rewards, batch.response_mask, 1.0)
     return adv
-
-
-@dataclass(frozen=True)
-class InputContext:
-    """What an estimator input's provider may read."""
-
-    cfg: Any
-    parts: Any
-    batch: TrainBatch
-    rollouts: Any
-    token_stats: dict[str, torch.Tensor]
-    state: Any
-    timer: Timer
-
-
-# estimator input name -> provider; a method whose estimator reads a new input registers its provider here
-# (AttnRL's tree_paths: credo.methods.attnrl)
-ESTIMATOR_INPUTS: Registry[Callable[[InputContext], Any]] = Registry(
-    "estimator input", builtins=("credo.methods.attnrl.collector",))
-ESTIMATOR_INPUTS.add("values", lambda x: x.batch.values)
-ESTIMATOR_INPUTS.add("value_quantiles", lambda x: x.batch.extras.get(VALUE_QUANTILES))
-ESTIMATOR_INPUTS.add("entropy_direction", lambda x: x.token_stats["entropy_direction"])
-ESTIMATOR_INPUTS.add("sum_pi_squared", lambda x: x.token_stats["sum_pi_squared"])
-ESTIMATOR_INPUTS.add("old_logprobs", lambda x: x.batch.old_logprobs)
-ESTIMATOR_INPUTS.add("entropy_history", lambda x: list(x.state.entropy_history))
-
-
-@ESTIMATOR_INPUTS.register("reward_components")
-def reward_components(x: InputContext) -> dict[str, torch.Tensor]:
-    """name -> (B,) score of each reward component every row's result names (``info["components"]``: the
-    ``reward.mix`` components, or the extra numeric keys of a verifier that returns a dict), in the first row's
-    order; {} when some row has none."""
-    comps = [r.info.get("components") or {} for r in x.rollouts.results]
-    names = [n for n in (comps[0] if comps else {}) if all(n in c for c in comps)]
-    return {n: torch.tensor([float(c[n]) for c in comps]) for n in names}
-
-
-@ESTIMATOR_INPUTS.register("reward_baselines")
-def greedy_baselines(x: InputContext) -> torch.Tensor:
-    """ReMax baseline: the score of one greedy response per prompt, repeated over the prompt's samples (generated
-    and scored by the leader's engine and runner)."""
-    rollout, trajs = x.parts.rollout, x.rollouts.trajs
-    first = {}
-    for t in trajs:
-        first.setdefault(t.group_id, t.example)
-
-    def leader() -> list[float]:
-        rollout.idle()  # one engine call at a time
-        greedy = rollout.engine.generate(list(first.values()), 1, SamplingParams(
-            greedy=True, max_new_tokens=x.cfg.rollout.max_new_tokens))
-        return [r.score for r in rollout.runner.score([g.response_text for g in greedy], [g.example for g in greedy])]
-
-    with x.timer("gen_baseline"):
-        scores = rollout.leader(leader)
-    by_group = dict(zip(first, scores))
-    return torch.tensor([by_group[t.group_id] for t in trajs], dtype=torch.float32)
-
-
-def rollout_weights(cfg, batch: TrainBatch) -> dict[str, torch.Tensor]:
-    """{"rollout_is_weights": (B, T)} for an estimator that accepts them (the Optimal Token Baseline scales its
-    energy by w^2), when ``algo.rollout_correction`` is on and the old-log-prob pass ran; {} otherwise."""
-    mode = rollout_correction_mode(cfg)
-    if "rollout_is_weights" not in advantage_accepts(cfg.algo.advantage) or mode == "none" \
-            or batch.old_logprobs is None:
-        return {}
-    weights, _ = rollout_is_weights(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, mode=mode,
-                                    low=cfg.algo.rollout_is_low, high=cfg.algo.rollout_is_high)
-    return {"rollout_is_weights": weights}
 
 
 # ------------------------------------------------------------------------------------------------- 7.-9. updates

@@ -118,8 +118,9 @@ class KLInReward:
 
 @dataclass(frozen=True)
 class TopEntropyTokens:
-    """``token_select.type=entropy``: the policy loss on the top-``share`` response tokens by the behaviour
-    policy's entropy only (the "forking tokens"); ``token_select/frac`` is the share kept."""
+    """``token_select.type=entropy``: the policy loss on the top ``share`` (``token_select.top_fraction``) of the
+    response tokens by the behaviour policy's entropy only (the "forking tokens"); ``token_select/frac`` is the
+    share kept."""
 
     share: float
     name: str = "token_select"
@@ -145,7 +146,7 @@ def _kl_in_reward(ctx: BuildContext) -> KLInReward | None:
 @BATCH_TRANSFORMS.register("entropy_tokens")
 def _entropy_tokens(ctx: BuildContext) -> TopEntropyTokens | None:
     s = ctx.cfg.token_select
-    return TopEntropyTokens(s.quantile) if s.type == "entropy" and s.quantile < 1.0 else None
+    return TopEntropyTokens(s.top_fraction) if s.type == "entropy" and s.top_fraction < 1.0 else None
 
 
 def kl_metric(batch: TrainBatch, estimator: str) -> float:

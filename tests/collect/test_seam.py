@@ -75,9 +75,9 @@ def test_token_selections_are_policy_phase_transforms_that_declare_their_reads(t
         return [t for t in build_transforms(BuildContext(cfg, None, None, tmp_path)) if t.phase == "policy"]
 
     assert policy_transforms(load_config()) == []  # token_select.type=none: nothing between advantages and update
-    cfg = load_config(None, ["token_select.type=entropy", "token_select.quantile=0.2"])
+    cfg = load_config(None, ["token_select.type=entropy", "token_select.top_fraction=0.2"])
     assert policy_transforms(cfg) == [TopEntropyTokens(0.2)] and TopEntropyTokens(0.2).reads == ("entropy",)
-    assert policy_transforms(load_config(None, ["token_select.type=entropy", "token_select.quantile=1.0"])) == []
+    assert policy_transforms(load_config(None, ["token_select.type=entropy", "token_select.top_fraction=1.0"])) == []
     [vepo] = policy_transforms(load_config("vepo"))
     assert type(vepo.selector) is VepoSelector and "old_logprobs" in vepo.reads
 

@@ -71,7 +71,7 @@ def test_old_override_keys_read_against_the_preset():
     assert back.type == "group" and not hasattr(back, "num_splits")
     assert load_config("agent_calc", ["agent.max_turns=5"]).rollout.collector.max_turns == 5
     sel = load_config(None, ["algo.top_entropy_quantile=0.2"]).token_select
-    assert (sel.type, sel.quantile) == ("entropy", 0.2)
+    assert (sel.type, sel.top_fraction) == ("entropy", 0.2)
     assert load_config(None, ["algo.top_entropy_quantile=1.0"]).token_select.type == "none"
 
 
@@ -82,7 +82,7 @@ def test_old_override_keys_read_against_the_preset():
     (["rollout.collector.type=tree", "rollout.collector.filter_groups=true"],
      "unknown key 'rollout.collector.filter_groups' for rollout.collector.type=tree (a key of type group)"),
     (["rollout.collector.type=agent", "rollout.collector.num_splits=2"], "(a key of type tree)"),
-    (["token_select.type=vepo", "token_select.quantile=0.2"], "(a key of type entropy)"),
+    (["token_select.type=entropy", "token_select.perturb=mask"], "(a key of type vepo)"),
     (["rollout.collector.type=trees"], "rollout.collector.type: 'trees' is not one of group, tree, agent "
                                        "(did you mean 'tree'?)"),
     # ... and old-layout ones that have no single meaning are one line
@@ -136,7 +136,7 @@ def test_an_old_dump_with_non_default_rm_settings_is_refused(tmp_path):
 
 def _old_layout(new: dict) -> dict:
     """A run's config dump (new layout) as credo wrote it before the choice sections (fa29453): the collector's
-    group keys in ``algo``, the entropy share as ``algo.top_entropy_quantile``, switched-off ``attnrl`` / ``agent`` /
+    group keys in ``algo``, the entropy share as ``algo.top_entropy_quantile``, ``critic.warmup_steps``, switched-off ``attnrl`` / ``agent`` /
     ``vepo`` sections, ``replay.pool: null`` and default ``rm`` / ``birm`` sections; no ``format_version`` (version
     0)."""
     from dataclasses import asdict
@@ -148,7 +148,8 @@ def _old_layout(new: dict) -> dict:
     collector = old["rollout"].pop("collector")
     assert collector.pop("type") == "group"
     selector = new["token_select"]
-    old["algo"] = old["algo"] | collector | {"top_entropy_quantile": selector.get("quantile", 1.0)}
+    old["algo"] = old["algo"] | collector | {"top_entropy_quantile": selector.get("top_fraction", 1.0)}
+    old["critic"] = {("warmup_steps" if k == "pretrain_steps" else k): v for k, v in old["critic"].items()}
     old |= {"agent": {"envs": [], "max_turns": 4}, "attnrl": {"enabled": False, "num_splits": 2},
             "vepo": {"enabled": False, "top_fraction": 0.2}, "replay": {"pool": None, "num": 2},
             "rm": asdict(RewardModelConfig()), "birm": asdict(BiRMConfig())}
@@ -211,10 +212,24 @@ def test_a_run_config_records_its_format_version_and_upgrade_is_keyed_by_it(tmp_
         load_config(str(tmp_path / "v1.yaml"))
 
 
+def test_version_1_configs_and_old_overrides_get_the_renamed_keys(tmp_path, caplog):
+    """Version 1 -> 2 renamed critic.warmup_steps (RL steps training the critic alone, not an lr warm-up) and the
+    entropy selection's token_select.quantile (the share kept, VEPO's top_fraction)."""
+    (tmp_path / "v1.yaml").write_text("format_version: 1\ncritic: {warmup_steps: 3}\n"
+                                      "token_select: {type: entropy, quantile: 0.3}\n")
+    cfg = load_config(str(tmp_path / "v1.yaml"))
+    assert cfg.critic.pretrain_steps == 3 and cfg.token_select.top_fraction == 0.3
+    cfg = load_config(None, ["critic.warmup_steps=2", "token_select.type=entropy", "token_select.quantile=0.4"])
+    assert cfg.critic.pretrain_steps == 2 and cfg.token_select.top_fraction == 0.4
+    (tmp_path / "v2.yaml").write_text("format_version: 2\ncritic: {warmup_steps: 3}\n")
+    with pytest.raises(ConfigError, match="unknown key 'critic.warmup_steps'"):
+        load_config(str(tmp_path / "v2.yaml"))
+
+
 @pytest.mark.parametrize("version, message", [
-    (2, "format_version: the config has version 2, newer than this credo's 1: load it with the credo that wrote it "
+    (3, "format_version: the config has version 3, newer than this credo's 2: load it with the credo that wrote it "
         "(or a newer one)"),
-    ("'1'", "format_version: '1' is not a config version (an int, 1 for this credo)"),
+    ("'1'", "format_version: '1' is not a config version (an int, 2 for this credo)"),
 ])
 def test_a_config_of_a_newer_or_malformed_version_is_refused_in_one_line(tmp_path, capsys, version, message):
     from credo.cli.main import main

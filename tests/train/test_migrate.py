@@ -19,6 +19,7 @@ from credo.recipes.stages import COLLECTOR_KEY, build_collector
 from credo.train.checkpoint import (CheckpointError, LEGACY_STATE, MANIFEST, latest_checkpoint, rng_state,
                                     write_manifest)
 from credo.train.data_parallel import LOCAL
+from credo.config.legacy import FORMAT_VERSION as CONFIG_VERSION
 from credo.train.migrate import FORMAT_VERSION, LAYOUT, migrate_trainer_state
 from credo.train.state_codec import JSON_FILE, TENSOR_FILE, load_state, save_state
 from credo.types import Example, RewardResult, Rollouts, SamplingParams, Trajectory
@@ -204,13 +205,13 @@ def test_a_run_checkpointed_in_an_old_layout_resumes_to_the_same_rows(runs, tmp_
     assert state["pending_rollouts"].sampling is not None  # one-step-off: the batch in flight is saved
     layout(state, ckpt)
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config.pop("format_version") == FORMAT_VERSION
+    assert config.pop("format_version") == CONFIG_VERSION
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     assert main(["-q", "train", "--resume", str(run)]) == 0
     assert len(_rows(run)) == 4 and _rows(run) == _rows(full)
     resumed = load_state(run / "checkpoints" / "step_000003")
     assert resumed["format_version"] == FORMAT_VERSION and set(resumed) == set(LAYOUT)
-    assert yaml.safe_load((run / "config.yaml").read_text())["format_version"] == FORMAT_VERSION
+    assert yaml.safe_load((run / "config.yaml").read_text())["format_version"] == CONFIG_VERSION
 
 
 def test_a_checkpoint_of_a_newer_version_is_refused_at_resume(runs, tmp_path, capsys):

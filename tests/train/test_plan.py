@@ -57,7 +57,7 @@ def test_bypass_loss_fuses_over_several_optimizer_steps_and_stats_follow_the_est
     ([], False, False),                                                    # GRPO: fused, no reference
     (["algo.kl_coef=0.01"], True, True),                                   # KL term reads ref_logprobs
     (["algo.kl_coef=0.01", "algo.kl_in_reward=true"], True, True),         # KL-in-reward transform reads both
-    (["token_select.type=entropy", "token_select.quantile=0.2"], False, True),  # reads entropy
+    (["token_select.type=entropy", "token_select.top_fraction=0.2"], False, True),  # reads entropy
     (["algo.entropy_coef=0.01", "algo.sft_coef=0.1"], False, False),       # terms on the update's own forward
 ])
 def test_built_in_configs_plan_from_their_declarations(tmp_path, overrides, reference, passes):

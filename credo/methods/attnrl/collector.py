@@ -51,7 +51,7 @@ from credo.collect.registry import COLLECTORS, CollectorInputs
 from credo.collect.group import StreamingScorer
 from credo.tracking.timer import Timer
 from credo.train.stats import rollout_metrics
-from credo.recipes.step import ESTIMATOR_INPUTS
+from credo.recipes.estimator_inputs import ESTIMATOR_INPUTS
 from credo.types import RewardResult, Rollouts, SamplingParams, Trajectory
 
 
