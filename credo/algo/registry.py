@@ -96,7 +96,8 @@ def _same_fn(a: Registered | Callable[..., Any], b: Registered | Callable[..., A
 
 POLICY_LOSSES: Registry[Registered] = Registry("policy loss", builtins=("credo.algo.losses",), same=_same_fn)
 ADVANTAGE_ESTIMATORS: Registry[Registered] = Registry("advantage estimator", builtins=(
-    "credo.algo.advantages", "credo.methods.attnrl.advantage"), same=_same_fn)
+    "credo.algo.advantages", "credo.methods.attnrl.advantage", "credo.methods.dvpo.advantage",
+    "credo.methods.dfpo.advantage"), same=_same_fn)
 
 
 def _hparams_of(fn: Callable[..., Any], tensor_args: tuple[str, ...]) -> dict[str, Any]:

@@ -8,8 +8,11 @@ procedure (a collector, a token selector, a training recipe), its config section
 ``birm``               BiRM: a bidirectional process reward model, best-of-N and beam search (``credo rm train``)
 ``reward_models``      Bradley-Terry ORM, CRM's peer-reviewing pair, ID-RM (``idrm``) (``credo rm train``)
 ``agentic_verifier``   AgentV-RL: a verifier policy that plans, calls tools and judges (reward and env)
+``dvpo``               DVPO: a quantile critic's loss and distributional GAE (``critic.loss=dvpo``)
+``dfpo``               DFPO: a value-flow critic head, its loss and estimator (``critic.head=flow``)
 =====================  ==================================================================================
 
-Single-function losses and estimators stay in :mod:`credo.algo`. Nothing below ``credo.recipes`` imports a
+Single-function losses and estimators stay in :mod:`credo.algo`, and so does a method's math that the trainer's
+generic passes use (:mod:`credo.algo.dvpo`, :mod:`credo.algo.dfpo`). Nothing below ``credo.recipes`` imports a
 method package except through a registry that names it (docs/extending.md).
 """

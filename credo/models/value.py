@@ -14,8 +14,9 @@ Heads (``critic.head``):
   ``z = mu + sigma * eps`` in training (``mu`` in eval; sigma starts near the prior's 1), the value head on ``z``; ``kl`` is
   KL(q(z|h) || N(0, I)) per position. An auxiliary scalar output on ``z`` (``aux``) serves VRPO's
   auxiliary target reading (:mod:`credo.algo.critic`).
-- ``flow``: DFPO's value-flow head (:mod:`credo.models.flow_head`): a velocity field v(z, tau | h) over virtual time;
-  ``values`` is its single-step Euler readout and ``flow`` the field itself (the ``dfpo`` critic loss evaluates it).
+- ``flow``: DFPO's value-flow head (:mod:`credo.methods.dfpo.flow_head`, registered from there): a velocity field
+  v(z, tau | h) over virtual time; ``values`` is its single-step Euler readout and ``flow`` the field itself (the
+  ``dfpo`` critic loss evaluates it).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class CriticOutput:
     quantiles: torch.Tensor | None = None  # (B, L, N, M) quantile head: N heads x M quantile levels
     kl: torch.Tensor | None = None  # (B, L) vib head: KL(q(z|h) || N(0, I))
     aux: torch.Tensor | None = None  # (B, L) vib head: auxiliary prediction
-    flow: Any = None  # flow head: its FlowField at these positions (credo.models.flow_head)
+    flow: Any = None  # flow head: its FlowField at these positions (credo.methods.dfpo.flow_head)
 
     def slice(self, start: int, stop: int) -> "CriticOutput":
         cut = lambda x: None if x is None else x[:, start:stop]  # noqa: E731
@@ -90,8 +91,9 @@ class VIBHead(torch.nn.Module):
         return CriticOutput(values=self.value(z).squeeze(-1).float(), kl=kl, aux=self.aux(z).squeeze(-1).float())
 
 
-# critic.head -> factory(hidden, **head_args) -> the head module (positional hidden: the flow head has a `hidden` arg)
-CRITIC_HEADS: Registry[Any] = Registry("critic head")
+# critic.head -> factory(hidden, **head_args) -> the head module (positional hidden: the flow head has a `hidden` arg);
+# a method's head registers from its package, named among the built-ins (DFPO's ``flow``)
+CRITIC_HEADS: Registry[Any] = Registry("critic head", builtins=("credo.methods.dfpo.flow_head",))
 CRITIC_HEADS.add("quantile", QuantileHead)
 CRITIC_HEADS.add("vib", VIBHead)
 
@@ -102,13 +104,6 @@ def scalar_head(hidden: int, /, **_ignored) -> torch.nn.Module:  # head_args wer
     torch.nn.init.zeros_(head.weight)  # V = 0 at the start: advantages = raw returns
     torch.nn.init.zeros_(head.bias)
     return head
-
-
-@CRITIC_HEADS.register("flow")
-def flow_head(hidden: int, /, **args) -> torch.nn.Module:
-    from credo.models.flow_head import FlowHead
-
-    return FlowHead(hidden, **args)
 
 
 def build_head(kind: str, hidden: int, /, **args) -> torch.nn.Module:

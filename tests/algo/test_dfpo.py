@@ -21,7 +21,7 @@ from credo.algo.dfpo import (bcfm_loss, cvar_readout, dcfm_loss, dfpo_critic_ter
 from credo.algo import dvpo
 from credo.algo.dvpo import distributional_gae
 from credo.config import ConfigError, load_config
-from credo.models.flow_head import FlowField, FlowHead
+from credo.methods.dfpo.flow_head import FlowField, FlowHead
 from credo.models.value import HEAD_CONFIG, CriticOutput, ValueModel
 from credo.train.flow_targets import FLOW_CHANNELS, FlowPassOptions, flow_draws, flow_target_pass, flow_targets_of
 from credo.tracking.metrics import read_metrics

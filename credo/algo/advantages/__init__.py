@@ -5,15 +5,14 @@
 - returns: ``gae`` (critic), ``reinforce_pp``, ``remax`` (:mod:`.returns`)
 - ``evpo`` (explained-variance gate between critic and group baseline, :mod:`.evpo`)
 - ``papo`` (entropy-polarity reweighting, :mod:`.papo`)
-- ``dvpo`` (distributional GAE over a quantile critic, mean over quantiles, :mod:`.dvpo`)
-- ``dfpo`` (GAE on a flow critic's value readout or its CVaR, plus the quantile targets, :mod:`.dfpo`)
 - ``optimal_token_baseline``, ``tir_optimal_token_baseline`` (energy-weighted per-token group baseline, :mod:`.otb`)
 - ``gdpo`` (per-component group normalisation, weighted sum, batch whitening, :mod:`.gdpo`)
 
 A method package's own estimator registers from its package, named among the registry's built-ins
-(``attnrl``: :mod:`credo.methods.attnrl.advantage`).
+(``attnrl``: :mod:`credo.methods.attnrl.advantage`; ``dvpo``: :mod:`credo.methods.dvpo.advantage`; ``dfpo``:
+:mod:`credo.methods.dfpo.advantage`).
 """
-from credo.algo.advantages import dfpo, dvpo, evpo, gdpo, otb, outcome, papo, returns  # noqa: F401 (registry)
+from credo.algo.advantages import evpo, gdpo, otb, outcome, papo, returns  # noqa: F401 (registry)
 from credo.algo.advantages.common import (
     broadcast,
     explained_variance,

@@ -1,4 +1,5 @@
-"""DFPO's flow head (``critic.head: flow``; docs/algorithms/dfpo.md).
+"""DFPO's flow head (``critic.head: flow``; docs/algorithms/dfpo.md), registered into
+:data:`credo.models.value.CRITIC_HEADS` (which names this module among its built-ins).
 
 Per state (token position) with backbone hidden state h, each of ``flows`` networks computes
 u = W_c h + b_c (d_c = ``proj_dim``) and the scalar velocity v(z, tau | h) = MLP([u, z, phi(tau)]), the MLP being
@@ -19,6 +20,7 @@ import math
 import torch
 
 from credo.algo.dfpo import VALUE_READOUTS, noise_grid, quantile_readout, value_readout
+from credo.models.value import CRITIC_HEADS
 
 TIME_EMBEDS = ("raw", "fourier")
 FOURIER_FREQS = 8
@@ -135,3 +137,6 @@ class FlowHead(torch.nn.Module):
     def forward(self, h: torch.Tensor) -> FlowField:
         """The field at every position of h (B, L, H); ``ValueModel.outputs`` wraps it with its value readout."""
         return self.field(h)
+
+
+CRITIC_HEADS.add("flow", FlowHead)  # FlowHead(hidden_size, **critic.head_args)

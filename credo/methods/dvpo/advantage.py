@@ -1,7 +1,8 @@
 """DVPO's advantage estimator: distributional GAE over a quantile critic (docs/algorithms/dvpo.md, Eq. 2).
 
-The math is :func:`credo.algo.dvpo.distributional_gae` (credo's scalar GAE per quantile); the critic losses
-are in :mod:`credo.algo.dvpo`.
+The math is :func:`credo.algo.dvpo.distributional_gae` (credo's scalar GAE per quantile); the critic loss is
+:mod:`credo.methods.dvpo.critic`. Registered into :data:`credo.algo.registry.ADVANTAGE_ESTIMATORS`, which names this
+module among its built-ins.
 """
 from __future__ import annotations
 

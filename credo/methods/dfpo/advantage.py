@@ -4,6 +4,7 @@ credo's :func:`gae` on the flow critic's old value V_bar (its single-step Euler 
 ``risk_readout: cvar`` on CVaR_alpha of the old quantiles q_bar instead (the risk-averse reading of DFPO's
 "Conditional Value Risk Optimization"). Also returns the distributional GAE targets y = q_bar + A of the old
 quantiles (DVPO Eq. 2, :func:`credo.algo.dvpo.distributional_gae`), the tail terms' targets of ``critic.loss=dfpo``.
+Registered into :data:`credo.algo.registry.ADVANTAGE_ESTIMATORS`, which names this module among its built-ins.
 """
 from __future__ import annotations
 
