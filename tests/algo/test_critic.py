@@ -373,3 +373,18 @@ def test_vrpo_run_logs_the_bottleneck_kl_and_keeps_a_reference(tmp_path: Path):
     assert (run / "reference" / "model.safetensors").is_file()  # VRPO's frozen LM, even with algo.kl_coef = 0
     spec = json.loads((run / "checkpoints" / "step_000002" / "critic" / HEAD_CONFIG).read_text())
     assert spec["kind"] == "vib"
+
+
+def test_method_packages_critic_losses_and_heads_are_listed_without_importing_them_first():
+    """CRITIC_LOSSES and CRITIC_HEADS name DVPO's and DFPO's modules as built-ins (credo.registry.Registry): the
+    first listing imports them, so credo.algo and credo.models never import a method package themselves."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from credo.algo.critic import list_critic_losses; from credo.models.value import CRITIC_HEADS; "
+            "mods = ('credo.methods.dvpo.critic', 'credo.methods.dfpo.critic', 'credo.methods.dfpo.flow_head'); "
+            "before = any(m in sys.modules for m in mods); losses = list_critic_losses(); heads = CRITIC_HEADS.names(); "
+            "print(before, all(m in sys.modules for m in mods), losses, heads)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split(" ", 2)[:2] == ["False", "True"]
+    assert "['clipped_mse', 'dfpo', 'dvpo', 'vrpo'] ['flow', 'quantile', 'scalar', 'vib']" in out.stdout
