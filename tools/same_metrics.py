@@ -19,6 +19,10 @@ later metrics row that resume must drop); copies of ``cut`` are resumed with ``c
 (``cut_new``) and, as a control, by the old code (``cut_old``). It exits 1 unless every ``cut_new`` has ``full``'s
 rows. The commands use the config keys of the older layout on purpose: the newer code must still load them (with
 deprecation notices), and the resumed runs load the old code's config.yaml and checkpoints.
+
+Measured (2 CPU cores shared with other jobs, load average 8-10): ``run`` of all 16 cases 12-15 min wall, about
+4 min of CPU (20-140 s a case; agent_calc and agent_tools the longest); ``resume`` of its 5 cases 7.6 min wall,
+3.2 min of CPU.
 """
 from __future__ import annotations
 
