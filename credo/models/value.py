@@ -152,13 +152,11 @@ class ValueModel(torch.nn.Module):
         images = {} if pixel_values is None else {"pixel_values": pixel_values}  # a vision-language backbone
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False, **images)
-        h = out.last_hidden_state
-        if self.head_kind == "scalar":
-            return CriticOutput(values=self.value_head(h).squeeze(-1).float())
-        if self.head_kind == "flow":  # the head gives its velocity field; the value is the field's readout
-            field = self.value_head(h)
-            return CriticOutput(values=field.values(), flow=field)
-        return self.value_head(h)
+        head = self.value_head(out.last_hidden_state)
+        if isinstance(head, torch.Tensor):  # a scalar head: (B, L, 1)
+            return CriticOutput(values=head.squeeze(-1).float())
+        # a head gives its CriticOutput, or an object that reads one out (DFPO's flow field: its value readout)
+        return head if isinstance(head, CriticOutput) else head.critic_output()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return self.outputs(input_ids, attention_mask, position_ids).values  # (B, L)

@@ -20,7 +20,7 @@ import math
 import torch
 
 from credo.algo.dfpo import VALUE_READOUTS, noise_grid, quantile_readout, value_readout
-from credo.models.value import CRITIC_HEADS
+from credo.models.value import CRITIC_HEADS, CriticOutput
 
 TIME_EMBEDS = ("raw", "fourier")
 FOURIER_FREQS = 8
@@ -97,6 +97,10 @@ class FlowField:
         if self.head.value_readout == "quantile_mean":
             return self.quantiles().mean(-1).mean(0)
         return value_readout(self.velocity, self.grid(), clip=self.head.clip).mean(0)
+
+    def critic_output(self) -> CriticOutput:
+        """What ``ValueModel.outputs`` returns for this head: the value readout, and the field itself."""
+        return CriticOutput(values=self.values(), flow=self)
 
 
 class FlowHead(torch.nn.Module):
