@@ -186,12 +186,12 @@ def test_staleness_one_with_the_pipeline_equals_one_step_off_token_for_token(tmp
 
 def test_partial_run_trains_with_behaviour_ratios_of_mixed_version_tokens(tmp_path: Path, monkeypatch):
     """K = 2, partial: the PPO ratio is exp(logprobs - behaviour log-probs), token by token."""
-    import credo.recipes.rlvr as rlvr
+    import credo.recipes.step as step
     from credo.algo import masked_mean
     from credo.train.forward import batched_logprobs
 
     seen = []
-    real = rlvr.update_policy
+    real = step.update_policy
 
     def checked(opts, model, batch, *a, **kw):
         current, _ = batched_logprobs(model, batch, micro_batch_size=None, temperature=batch.temperature)
@@ -205,7 +205,7 @@ def test_partial_run_trains_with_behaviour_ratios_of_mixed_version_tokens(tmp_pa
         seen.append((metrics["actor/ratio"], expected))
         return metrics
 
-    monkeypatch.setattr(rlvr, "update_policy", checked)
+    monkeypatch.setattr(step, "update_policy", checked)  # the step's policy update (credo/recipes/step.py)
     assert main(["-q", "train", "--run-dir", str(tmp_path / "p"), *RUN, "train.steps=4", "eval.every=0",
                  "rollout.max_staleness=2", "rollout.partial=true"]) == 0
     assert len(seen) == 4
