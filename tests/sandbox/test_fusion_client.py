@@ -32,7 +32,9 @@ from credo.sandbox.limits import FieldError, LimitCaps
 from credo.sandbox.server import fusion_request
 from credo.sandbox.worker import missing_toolchain
 from tests.env_util import post_json
-from tests.sandbox_util import make_sandbox
+from tests.sandbox_util import ONE_POOL_AT_A_TIME, make_sandbox
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY = SummaryMapping(CompileFailed="CE", CompileTimeout="CTLE", RunFailed="RE", RunTimeout="TLE")

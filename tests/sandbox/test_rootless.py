@@ -22,6 +22,9 @@ import pytest
 
 from credo.sandbox import Limits
 from credo.sandbox.results import RunRequest
+from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,6 +5,9 @@ import pytest
 
 from credo.sandbox import Limits, detect_language, extract_code
 from credo.sandbox.checkers import check_output, parse_return, returns_equal
+from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 FAST = Limits(time_s=1.0, memory_mb=128)
 

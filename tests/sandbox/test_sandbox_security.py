@@ -23,6 +23,9 @@ import pytest
 from credo.http_auth import auth_headers
 from credo.sandbox import Limits, RunRequest, Sandbox
 from tests.env_util import free_port, post_json
+from tests.sandbox_util import ONE_POOL_AT_A_TIME
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "print('secret-of-client-1')"

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.env_util import post_json
-from tests.sandbox_util import make_sandbox
+from tests.sandbox_util import ONE_POOL_AT_A_TIME, make_sandbox
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 REPO = Path(__file__).resolve().parents[2]
 

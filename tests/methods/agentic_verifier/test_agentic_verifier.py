@@ -25,7 +25,9 @@ from credo.methods.agentic_verifier.reward import (
     verifier_reward,
 )
 from credo.types import Example, RewardResult, SamplingParams
-from tests.sandbox_util import isolation_missing
+from tests.sandbox_util import ONE_POOL_AT_A_TIME, isolation_missing
+
+pytestmark = ONE_POOL_AT_A_TIME  # runs sandboxed programs (tests/sandbox_util.py)
 
 
 def _sandbox_or_skip(observation: str) -> None:
