@@ -17,7 +17,7 @@ from credo.envs.builtin import CalcEnv
 from credo.models.tokenizer import build_char_tokenizer
 from credo.rollout.agent_loop import plain_template
 from credo.tracking.metrics import read_metrics
-from tests.conftest import TINY_RUN, full_and_resumed_runs
+from tests.conftest import TINY_RUN
 from tests.env_util import JSONHandler, env_server
 
 LOCK = threading.Lock()
@@ -205,21 +205,6 @@ def test_env_faults_end_their_episodes_and_the_step_completes(tmp_path: Path, fa
 
 
 # ----------------------------------------------------------------------------- resume and presets
-
-def test_interrupted_stepwise_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
-    """ScalingInter-RL horizons [2, 3] switching after step 2, mixture of two envs, ARPO branching: a run
-    interrupted after step 3 (checkpoint at step 2) and resumed logs exactly what an uninterrupted one does."""
-    args = [*AGENT_RUN, "agent.envs=[calc, maze]", "agent.horizon_schedule=stepwise", "agent.horizon_rounds=[2, 3]",
-            "agent.horizon_period=2", "agent.branching=arpo", "agent.branch_args={branch_on: any}", "train.steps=5",
-            "checkpoint.every=2", "eval.every=2", "task.eval_size=2"]
-    full_and_resumed_runs(tmp_path, monkeypatch, args, stop_at=3)
-    volatile = ("timing_s/", "perf/")
-    a, b = ([{k: v for k, v in r.items() if not k.startswith(volatile)} for r in read_metrics(tmp_path / d /
-                                                                                              "metrics.jsonl")]
-            for d in ("full", "cut"))
-    assert [r["step"] for r in b] == list(range(6))
-    assert [r.get("agent/max_turns") for r in a] == [None, 2, 2, 3, 3, 3]  # h(s) = rounds[min((s-1)//2, 1)]
-    assert a == b
 
 
 AGENT_PRESETS = ["agent_calc", "agent_maze", "agent_wordle", "agent_scaling_inter", "agent_mixture",

@@ -148,20 +148,3 @@ def test_cli_train_on_an_rg_task_with_a_curriculum(tmp_path: Path, capsys):
     step2 = {d["prompt"] for d in dumped if d["step"] == 2}
     assert step1 and step1 <= by_stage[0], "step 1 drew level-0 prompts"
     assert step2 and step2 <= by_stage[1] and step2 - by_stage[0], "step 2 drew level-4 prompts"
-
-
-def test_interrupted_curriculum_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
-    """Levels [0, 4] switching every 2 batches, interrupted at step 3 (checkpoint at step 2, inside level 4's
-    schedule position) and resumed: the same metrics as the uninterrupted run."""
-    from credo.tracking.metrics import read_metrics
-    from tests.conftest import full_and_resumed_runs
-
-    args = [*TINY_RUN, "task.name=rg:chain_sum", "task.train_size=16", "task.eval_size=4", "train.steps=4",
-            "task.curriculum={levels: [0, 4], every: 2}", "checkpoint.every=2", "eval.every=0",
-            "log.tensorboard=false", "log.report=false", "warm_start.steps=0"]
-    full_and_resumed_runs(tmp_path, monkeypatch, args, stop_at=3)
-    volatile = ("timing_s/", "perf/")
-    a, b = ([{k: v for k, v in r.items() if not k.startswith(volatile)} for r in read_metrics(tmp_path / d /
-                                                                                              "metrics.jsonl")]
-            for d in ("full", "cut"))
-    assert [r["step"] for r in b] == list(range(5)) and a == b

@@ -11,7 +11,7 @@ from credo.tracking.metrics import read_metrics
 from credo.collect.group import Prefetch
 from credo.types import Rollouts
 from credo.tracking.timer import Timer
-from tests.conftest import TINY_RUN, full_and_resumed_runs
+from tests.conftest import TINY_RUN
 
 RUN = [*TINY_RUN, "log.report=false", "log.tensorboard=false", "reward.name=tests.reward_fixtures:length_score",
        "rollout.one_step_off=true"]
@@ -40,16 +40,6 @@ def test_one_step_off_trains_on_the_previous_policys_samples_with_behaviour_rati
     assert main(["-q", "train", "--run-dir", str(tmp_path / "r"), *RUN, "train.steps=3", "eval.every=0",
                  "rollout.off_policy_ratio=recompute"]) == 0
     assert all(r["actor/ratio"] == pytest.approx(1.0, abs=1e-6) for r in _rows(tmp_path / "r"))
-
-
-def test_interrupted_one_step_off_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
-    """The batch in flight at a checkpoint is saved with it: interrupted after step 3 (checkpoint at step 2) and
-    resumed, the run logs exactly what an uninterrupted one does."""
-    full_and_resumed_runs(tmp_path, monkeypatch, [*RUN, "train.steps=5", "checkpoint.every=2", "eval.every=2"],
-                          stop_at=3)
-    full, cut = _rows(tmp_path / "full"), _rows(tmp_path / "cut")
-    assert len(full) == 5 and [r["rollout/policy_lag"] for r in full] == [0, 1, 1, 1, 1]
-    assert full == cut
 
 
 def test_prefetch_runs_in_the_background_and_hands_over_result_timings_and_errors():

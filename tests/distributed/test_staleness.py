@@ -17,7 +17,7 @@ from credo.distributed.staleness import AsyncPipeline, StalenessSchedule, snapsh
 from credo.rollout import HFRolloutEngine
 from credo.tracking.metrics import read_metrics
 from credo.types import Example, Rollouts, SamplingParams, Trajectory
-from tests.conftest import TINY_RUN, full_and_resumed_runs
+from tests.conftest import TINY_RUN
 
 RUN = [*TINY_RUN, "log.report=false", "log.tensorboard=false", "log.progress=false",
        "reward.name=tests.reward_fixtures:length_score"]
@@ -215,16 +215,3 @@ def test_partial_run_trains_with_behaviour_ratios_of_mixed_version_tokens(tmp_pa
     # batch 2 (step 2): tokens 0-3 by version 0 (age 2), 4-7 by version 1 (age 1): both bins are filled
     assert 0 < rows[2]["rollout/staleness_hist/1"] < 1 and 0 < rows[2]["rollout/staleness_hist/2"] < 1
     assert all(r["rollout/staleness_max"] <= 2 for r in rows)
-
-
-@pytest.mark.parametrize("partial", [False, True])
-def test_interrupted_staleness_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch, partial):
-    """Interrupted after step 3 (checkpoint at step 2, batches 3 and 4 queued) and resumed, the run logs exactly
-    what an uninterrupted one does: finished queued batches are saved (K = 2), or with partial rollouts replayed
-    from the saved key-stream / sampler states and weights."""
-    args = [*RUN, "train.steps=5", "checkpoint.every=2", "eval.every=2", "rollout.max_staleness=2",
-            f"rollout.partial={str(partial).lower()}"]
-    full_and_resumed_runs(tmp_path, monkeypatch, args, stop_at=3)
-    full, cut = _rows(tmp_path / "full"), _rows(tmp_path / "cut")
-    assert len(full) == 5 and [r["rollout/policy_lag"] for r in full] == [0, 1, 2, 2, 2]
-    assert full == cut

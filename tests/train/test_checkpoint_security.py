@@ -17,7 +17,7 @@ from credo.train import checkpoint as ck
 from credo.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from credo.tracking.metrics import read_metrics
 from credo.types import Rollouts
-from tests.conftest import TINY_RUN, full_and_resumed_runs
+from tests.conftest import TINY_RUN
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = [*TINY_RUN, "train.steps=2", "checkpoint.every=1", "checkpoint.keep=3", "eval.every=0", "log.report=false",
@@ -312,15 +312,3 @@ def test_mkl_reproducibility_mode_is_set_at_import_and_respects_the_user():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO),
                          "MKL_CBWR": "AVX2"}, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "AVX2"
-
-
-def test_interrupted_run_with_rollout_correction_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch):
-    args = [*TINY_RUN, "train.steps=5", "checkpoint.every=2", "eval.every=0", "log.report=false",
-            "log.tensorboard=false", "reward.name=tests.reward_fixtures:length_score",
-            "algo.rollout_correction=token_truncate", "rollout.one_step_off=true",
-            "rollout.off_policy_ratio=recompute"]
-    full, cut = full_and_resumed_runs(tmp_path, monkeypatch, args, stop_at=3)
-    a, b = _stable(read_metrics(full / "metrics.jsonl")), _stable(read_metrics(cut / "metrics.jsonl"))
-    assert [r["step"] for r in b] == list(range(6))
-    assert any(k.startswith("rollout_corr/") for k in a[-1])
-    assert a == b

@@ -328,26 +328,3 @@ def test_preset_runs_through_the_cli(tmp_path):
         assert r["tree/leaves"] == r["tree/prompts"] * 4 + r["tree/continuations"]
         assert "attnrl/trees" in r and r["advantages/abs_mean"] > 0
     assert steps[1]["tree/prompts"] == steps[0]["tree/next_prompts"]  # the dynamic batch size is used
-
-
-@pytest.mark.parametrize("one_step_off", [False, True])
-def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, one_step_off):
-    """The dynamic batch size, the running FCI mean (and in one-step-off mode the tree batch in flight) are saved
-    with the checkpoint: interrupted at step 3 (checkpoint at step 2) and resumed, the run logs what an
-    uninterrupted one does."""
-    from credo.tracking.metrics import read_metrics
-    from tests.conftest import full_and_resumed_runs
-
-    args = ["--config", "attnrl", *TINY_RUN, "rollout.group_size=4", "train.steps=4", "checkpoint.every=2",
-            "eval.every=0", "log.report=false", "log.tensorboard=false", "attnrl.max_prompts=6",
-            "reward.name=tests.reward_fixtures:length_score", f"rollout.one_step_off={str(one_step_off).lower()}"]
-    full, cut = full_and_resumed_runs(tmp_path, monkeypatch, args, stop_at=3)
-
-    def rows(run):
-        return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/"))}
-                for r in read_metrics(run / "metrics.jsonl") if "tree/prompts" in r]
-
-    assert len(rows(full)) == 4 and rows(full) == rows(cut)
-    assert len({r["tree/prompts"] for r in rows(full)}) > 1  # the batch size did move
-    if one_step_off:
-        assert [r["rollout/policy_lag"] for r in rows(full)] == [0, 1, 1, 1]
