@@ -472,6 +472,7 @@ pool.score(["x"], [Example("p", "a")])
 """
 
 
+@pytest.mark.ray
 def test_ray_actors_and_their_verifier_workers_end_with_the_driver(tmp_path):
     """A private Ray instance (credo's connect) with a reward actor whose verifier hangs ignoring SIGTERM: after
     kill -9 of the driver, the actor, its verifier worker, the verifier's child and every process of the Ray

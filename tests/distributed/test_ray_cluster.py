@@ -20,6 +20,8 @@ ray = pytest.importorskip("ray")
 
 from credo.distributed.ray_launch import CLUSTER_MODE_ENV  # noqa: E402
 
+pytestmark = pytest.mark.ray  # starts a Ray cluster: the ray tier (python -m pytest -m ray)
+
 COMMON = ["train.steps=3", "train.prompts_per_step=8", "rollout.group_size=4", "eval.every=0", "eval.size=8",
           "checkpoint.every=0", "log.report=false", "log.tensorboard=false", "log.progress=false", "train.threads=1"]
 

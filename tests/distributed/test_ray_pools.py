@@ -30,6 +30,7 @@ def test_split_gives_contiguous_near_equal_shares():
     assert split(0, 2) == []
 
 
+@pytest.mark.ray
 def test_rollout_pool_samples_what_one_engine_samples_recovers_a_dead_worker_and_syncs_weights(local_ray, tiny_model):
     model, tok = tiny_model
     sp = SamplingParams(max_new_tokens=6, temperature=1.3)
@@ -76,6 +77,7 @@ def _check_weight_sync(pool: RolloutPool, model, tok) -> None:
     assert [t.response_ids for t in after] == [t.response_ids for t in local]
 
 
+@pytest.mark.ray
 def test_reward_pool_scores_like_one_runner_and_recovers_a_dead_worker(local_ray):
     responses = ["cba", "x", "15", "yx", "srqp", "no", "cdefgh"]
     examples = [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3], PROMPTS[4], PROMPTS[0], PROMPTS[1]]
