@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import functools
+import os
 
-import pytest
-import torch
+# One torch thread per process, in the test processes and the processes they start (a child inherits the variable;
+# OMP_NUM_THREADS set by the caller wins): the xdist workers already share the cores, and on a loaded machine two
+# intra-op threads per process make small-tensor loops many times slower (tests/algo/test_dfpo.py's toy flow fit:
+# 1.6 s with one thread, 50 s with two, next to the other workers).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from credo.config import ModelConfig
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from credo.config import ModelConfig  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                    max_position_embeddings=64)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,11 @@ from credo.algo import AGG_MODES
 from credo.train.data_parallel import LOCAL, DataParallel
 
 F64 = torch.float64
+REPO = Path(__file__).resolve().parents[2]
+# the CLI runs' model: tests/conftest.py's TINY sizes, a 3-step warm start (the runs compare DP with one process,
+# whatever the model knows)
+TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "rollout.max_new_tokens=8", "warm_start.steps=3",
+              "warm_start.batch_size=8", "reward.workers=1"]
 
 
 def _setup():
@@ -120,14 +126,16 @@ def test_torchrun_data_parallel_run_matches_the_single_process_run(tmp_path, str
     credo, torchrun = shutil.which("credo"), shutil.which("torchrun")
     if credo is None or torchrun is None:
         pytest.skip("the credo / torchrun console scripts are not on PATH")
+    # the tiny model and a dense reward (lengths differ within a group: the updates move the weights)
     common = ["train.steps=3", "train.prompts_per_step=8", "rollout.group_size=4", "eval.every=0", "eval.size=8",
               "checkpoint.every=0", "log.report=false", "log.tensorboard=false", "log.progress=false",
-              "train.threads=1", f"output_dir={tmp_path}"]
-    single = subprocess.run([credo, "train", *common, "run_name=single"], capture_output=True, text=True)
+              "train.threads=1", f"output_dir={tmp_path}", *TINY_MODEL, "reward.name=tests.reward_fixtures:length_score"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    single = subprocess.run([credo, "train", *common, "run_name=single"], capture_output=True, text=True, env=env)
     assert single.returncode == 0, single.stderr[-2000:]
     dp = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", credo, "train", *common, "run_name=dp",
                          "distributed.backend=torchrun", "distributed.rollout=replicate",
-                         f"distributed.strategy={strategy}"], capture_output=True, text=True)
+                         f"distributed.strategy={strategy}"], capture_output=True, text=True, env=env)
     assert dp.returncode == 0, dp.stderr[-2000:]
     one, two, rank1 = (_metrics(tmp_path / p / "metrics.jsonl") for p in ("single", "dp", "dp/rank1"))
     assert len(one) == len(two) == len(rank1) == 3
@@ -180,7 +188,7 @@ def test_torchrun_sharded_rollouts_give_every_rank_the_whole_batch(tmp_path):
     proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", credo, "train", "train.steps=2",
                            "train.prompts_per_step=8", "rollout.group_size=4", "eval.every=0", "eval.size=8",
                            "checkpoint.every=0", "log.report=false", "log.tensorboard=false", "log.progress=false",
-                           "train.threads=1", f"output_dir={tmp_path}", "run_name=shard",
+                           "train.threads=1", f"output_dir={tmp_path}", "run_name=shard", *TINY_MODEL,
                            "distributed.backend=torchrun"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r0, r1 = _metrics(tmp_path / "shard" / "metrics.jsonl"), _metrics(tmp_path / "shard" / "rank1" / "metrics.jsonl")
