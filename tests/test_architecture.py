@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("envs",),
     ("rewards",),
     ("rollout",),
+    ("gateway",),  # the OpenAI-compatible gateway in front of the rollout engine (issue 35)
     ("train",),
     ("collect",),
     ("distributed",),
