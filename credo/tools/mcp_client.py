@@ -7,7 +7,7 @@ launched as a subprocess over stdio, with the :class:`~credo.tools.schema.ToolSe
         tools.call("add", {"a": 1, "b": 2})  # ("3", True); a tool error or a bad call: ("error: ...", False)
 
 The session runs on a private asyncio event loop in a daemon thread (the agent loop is synchronous); every call
-has a timeout, after which the call counts as failed (the server keeps running).
+has a timeout, after which the call counts as failed (the server keeps running). docs/tools.md
 """
 from __future__ import annotations
 
@@ -18,6 +18,17 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from credo.tools.schema import check_arguments
+
+
+class MCPSessionEnded(RuntimeError):
+    """The session to the server is over (the server did not start, exited, or the tools were closed); the
+    session's own error, if any, is the ``__cause__``."""
+
+    @classmethod
+    def of(cls, why: BaseException) -> "MCPSessionEnded":
+        exc = cls(f"MCP session ended: {why!r}")
+        exc.__cause__ = None if isinstance(why, cls) else why
+        return exc
 
 
 def _require_mcp():
@@ -49,7 +60,10 @@ class MCPTools:
         self._thread.start()
         self._queue: asyncio.Queue | None = None
         params = mcp.StdioServerParameters(command=command[0], args=list(command[1:]), env=env)
-        client = mcp.Client(params, read_timeout_seconds=timeout_s)
+        # the stdio transport built here: mcp 2.3's Client also accepts the parameters themselves, mcp 2.0's (which
+        # verifiers 0.4.0 pins) only a transport: given the parameters it fails entering them as one (TypeError)
+        client = mcp.Client(mcp.stdio_client(params), read_timeout_seconds=timeout_s)
+        self._ended: BaseException | None = None  # why the session task ended (set on the loop)
         self._session = asyncio.run_coroutine_threadsafe(self._serve(client), self._loop)
         try:
             listed = self._run(lambda c: c.list_tools())
@@ -59,24 +73,36 @@ class MCPTools:
         self._tools = {t.name: t for t in listed.tools}
 
     async def _serve(self, client) -> None:
-        self._queue = asyncio.Queue()
-        async with client:
-            while (item := await self._queue.get()) is not None:
-                fn, future = item
-                try:
-                    future.set_result(await fn(client))
-                except Exception as exc:  # handed to the caller's thread
-                    future.set_exception(exc)
+        self._queue = queue = asyncio.Queue()
+        try:
+            async with client:
+                while (item := await queue.get()) is not None:
+                    fn, future = item
+                    try:
+                        future.set_result(await fn(client))
+                    except Exception as exc:  # handed to the caller's thread
+                        future.set_exception(exc)
+        except BaseException as exc:  # the server did not start or the session broke: fail the waiting calls
+            self._ended = exc
+            raise
+        finally:
+            self._ended = self._ended or MCPSessionEnded("closed")
+            while not queue.empty():
+                if (item := queue.get_nowait()) is not None and not item[1].done():
+                    item[1].set_exception(MCPSessionEnded.of(self._ended))
 
     def _run(self, fn):
-        """``await fn(client)`` in the session's task; TimeoutError after ``timeout_s``."""
+        """``await fn(client)`` in the session's task; TimeoutError after ``timeout_s``; MCPSessionEnded at once
+        when the session is over (a server that did not start or exited: its error is the cause)."""
         async def submit():
             while self._queue is None:  # the session task has not started yet
                 if self._session.done():
                     self._session.result()  # the server failed to start: raise its error
                 await asyncio.sleep(0.01)
+            if self._ended is not None:  # checked on the loop, so a call is either served or failed by _serve
+                raise MCPSessionEnded.of(self._ended)
             future = self._loop.create_future()
-            await self._queue.put((fn, future))
+            self._queue.put_nowait((fn, future))
             return await future
 
         done = asyncio.run_coroutine_threadsafe(asyncio.wait_for(submit(), self.timeout_s), self._loop)
@@ -102,7 +128,7 @@ class MCPTools:
             return f"error: {name}: {why}", False
         try:
             return result_text(self._run(lambda c: c.call_tool(name, arguments)))
-        except TimeoutError as exc:
+        except (TimeoutError, MCPSessionEnded) as exc:
             return f"error: {name}: {exc}", False
 
     def close(self) -> None:

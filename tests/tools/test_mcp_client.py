@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 import mcp  # noqa: F401  (the test extra installs it: a missing mcp fails here, never skips)
 
-from credo.tools.mcp_client import MCPTools
+from credo.tools.mcp_client import MCPSessionEnded, MCPTools
 from credo.tools.parsers import get_parser
 
 SERVER = textwrap.dedent('''
@@ -62,3 +65,16 @@ def test_mcp_round_trip_over_stdio(tmp_path: Path):
         assert not ok and "must be integer" in text
         assert tools.call("nope", {})[1] is False
     assert not tools._thread.is_alive()
+
+
+def test_a_server_that_exits_fails_the_session_at_once(tmp_path: Path):
+    # mcp 2.0 (verifiers 0.4.0's pin) ended the session with an error the waiting call never heard of: it waited for
+    # the whole timeout. The session's end now fails the waiting call with the session's error as the cause.
+    started = time.monotonic()
+    with pytest.raises(MCPSessionEnded) as failed:
+        MCPTools([sys.executable, "-c", "import sys; sys.exit(3)"], timeout_s=60)
+    assert time.monotonic() - started < 30
+    assert failed.value.__cause__ is not None
+    with pytest.raises(MCPSessionEnded) as failed:
+        MCPTools([str(tmp_path / "no-such-server")], timeout_s=60)
+    assert isinstance(failed.value.__cause__, FileNotFoundError)
