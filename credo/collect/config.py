@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import shlex
 from dataclasses import dataclass
 
 from credo.config.fields import opt, type_key
@@ -85,6 +87,42 @@ class AgentCollectorConfig:
                                      min=0.0)
     tools: ToolsConfig = opt(None, "structured tool calling: the call parser and chat template (tools "
                              "environments only)", factory=ToolsConfig)
+
+
+@dataclass
+class GatewayCollectorConfig:
+    """The user's own agent against credo's OpenAI-compatible gateway (docs/bring-your-own.md): exactly one of
+    ``agent``, ``command`` and ``verifiers``, run ``rollout.group_size`` times per prompt of every step."""
+
+    type: str = type_key("gateway", "your own agent (a Python callable, a command, a verifiers environment) calling "
+                         "credo's OpenAI-compatible API on 127.0.0.1; every call is recorded token for token")
+    agent: str | None = opt(None, "a Python callable, pkg.module:function, sync or async, called as "
+                            "agent(task_row, client) (credo.gateway.contract.AgentClient); returns a reward, a dict "
+                            "of reward components or None (the verifier scores)")
+    command: str | None = opt(None, "a command run once per episode, e.g. 'python my_agent.py' (split like a shell "
+                              "line, run without one), with OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL and "
+                              "CREDO_TASK (the task row as JSON) in its environment; the last line of its stdout is "
+                              "the reward as JSON: a number, a dict of components, or null (the verifier scores)")
+    verifiers: dict | None = opt(None, "a verifiers environment: {env: <module, installed package or hub id>, "
+                                 "args: {...}}; its own task rows and rubric (reward) replace task.*")
+    concurrency: int = opt(16, "episodes running at once", min=1)
+    episode_timeout_s: float = opt(300.0, "deadline of one episode: an agent still running then is a failed episode "
+                                   "(its later calls are refused)", min=0.01)
+    max_calls: int = opt(32, "model calls per episode; later calls are refused", min=1)
+    max_tokens: int = opt(4096, "generated tokens per episode, all calls together; later calls are refused", min=1)
+    reward_from: str = opt("agent", "agent = what the agent returns (None: the verifier); verifier = the run's "
+                           "reward.* verifier scores the text of the episode's last completion against the row's "
+                           "answer", choices=("agent", "verifier"))
+    host: str = opt("127.0.0.1", "address the gateway binds (agents on other machines need another one; every "
+                    "call still needs its episode's key)")
+    port: int = opt(0, "the gateway's port (0 = a free one)", min=0, max=65535)
+    tool_parser: str = opt("hermes", "how tool calls are read from the model's completions: hermes "
+                           "(<tool_call>{json}</tool_call>, Qwen2.5) or qwen3_coder",
+                           choices=("hermes", "qwen3_coder"))
+    max_failed_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes failed "
+                                  "(the agent raised, timed out, exited non-zero, printed no JSON reward or returned "
+                                  "a bad one); failed episodes are never trained on (1 = never stop)",
+                                  min=0.0, max=1.0)
 
 
 REMOTE_PREFIX = "agentgym:"
@@ -172,17 +210,37 @@ def validate_agent(cfg) -> None:
         if env.startswith("agentgym:") and env not in a.server_urls:
             raise ConfigError(f"{env}: an AgentGym environment needs its server's URL (agent.remote.url, or "
                               f"rollout.collector.server_urls.{env})")
+    _check_task_spaces(cfg, a, used)
     _check_horizon_and_branching(a)
 
 
+def _check_task_spaces(cfg, a: AgentCollectorConfig, used: set) -> None:
+    """Environments with a bounded task set (``EnvSpec.task_space``: skyrl_gym:<id> over its dataset) resolve it
+    now (a missing or empty dataset is a config error); environments without an oracle have no demonstrations
+    for the SFT warm start."""
+    from credo.envs import check_env_params, get_env_spec
+
+    for env in sorted(used | set(a.eval_envs)):
+        space = get_env_spec(env).task_space
+        if space is not None:
+            params = a.env_params.get(env, {})
+            wrap(f"rollout.collector.env_params.{env}",
+                 lambda: [space(check_env_params(env, params), split) for split in ("train", "eval")])
+    no_oracle = sorted(e for e in used if not e.startswith(REMOTE_PREFIX) and get_env_spec(e).oracle is None)
+    if no_oracle and cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
+        raise ConfigError(f"warm_start.steps: {', '.join(no_oracle)} has no oracle to imitate; set warm_start.steps=0 "
+                          f"(or start from a model trained elsewhere: model.path)")
+
+
 def known_env(key: str, name) -> str:
-    """``name`` is a registered environment (``credo list envs``) or an AgentGym adapter ``agentgym:<env>``."""
-    from credo.envs import list_envs
+    """``name`` is a registered environment (``credo list envs``) or a name with a registered prefix
+    (``credo.envs.base.PREFIXES``: an AgentGym adapter ``agentgym:<env>``, a skyrl-gym id ``skyrl_gym:<id>``)."""
+    from credo.envs import get_env_spec, list_envs
+    from credo.envs.base import PREFIXES
 
-    if isinstance(name, str) and name.startswith("agentgym:"):
-        from credo.envs.agentgym import get_adapter
-
-        wrap(key, lambda: get_adapter(name))
+    list_envs()  # imports the built-in environment modules, which register the prefixes
+    if isinstance(name, str) and name.startswith(tuple(PREFIXES.names())):
+        wrap(key, lambda: get_env_spec(name))
         return name
     if not isinstance(name, str) or name not in list_envs():
         raise ConfigError(f"{key}: unknown environment {name!r}{did_you_mean(name, list_envs())}; environments: "
@@ -230,3 +288,47 @@ def _check_horizon_and_branching(a: AgentCollectorConfig) -> None:
             if key not in known:
                 raise ConfigError(f"rollout.collector.branch_args.{key}: {a.branching} has no parameter {key!r}"
                                   f"{did_you_mean(key, known)}; it takes: {', '.join(known)}")
+
+
+# ----------------------------------------------------------------------------- the gateway collector
+
+AGENT_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@register_validator("rollout.collector.gateway")
+def validate_gateway(cfg) -> None:
+    """The gateway collector (``rollout.collector``, ``type: gateway``): one agent (a ``module:function`` callable,
+    a command line, or a verifiers environment), a verifier where one scores, no demonstrations to warm start
+    from with a verifiers environment."""
+    g = cfg.rollout.collector
+    if g.type != "gateway":
+        return
+    given = [k for k in ("agent", "command", "verifiers") if getattr(g, k) is not None]
+    if len(given) != 1:
+        raise ConfigError("rollout.collector: set exactly one of agent (pkg.module:function), command ('python "
+                          f"my_agent.py') and verifiers ({{env: ..., args: {{}}}}); got {given or 'none'}")
+    if g.agent is not None and not (isinstance(g.agent, str) and AGENT_SPEC.match(g.agent)):
+        raise ConfigError(f"rollout.collector.agent: expected pkg.module:function, got {g.agent!r}")
+    if g.command is not None:
+        try:
+            argv = shlex.split(g.command) if isinstance(g.command, str) else []
+        except ValueError as exc:
+            raise ConfigError(f"rollout.collector.command: {exc} in {g.command!r}") from None
+        if not argv:
+            raise ConfigError(f"rollout.collector.command: expected a command line, e.g. 'python my_agent.py', "
+                              f"got {g.command!r}")
+    if g.verifiers is not None:
+        v = g.verifiers
+        if not isinstance(v, dict) or not isinstance(v.get("env"), str) or not v["env"] \
+                or not set(v) <= {"env", "args"} or not isinstance(v.get("args", {}), dict):
+            raise ConfigError(f"rollout.collector.verifiers: expected {{env: <module, package or hub id>, args: "
+                              f"{{...}}}}, got {v!r}")
+        if cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
+            raise ConfigError("warm_start.steps: a verifiers environment brings no demonstrations to imitate; set "
+                              "warm_start.steps=0 (or start from a model trained elsewhere: model.path)")
+        if g.reward_from == "verifier" and cfg.reward.name is None:
+            raise ConfigError("rollout.collector.reward_from=verifier: a verifiers environment's rows have no task "
+                              "verifier; name one with reward.name, or keep reward_from=agent (its rubric)")
+    if cfg.distributed.backend == "ray":
+        raise ConfigError("rollout.collector.type=gateway: not implemented with distributed.backend=ray (the "
+                          "gateway serves the in-process engine)")

@@ -3,11 +3,13 @@ mixes its rows into another collector's, e.g. RLEP's replay), each registered on
 
     register_collector("my_collector", MyCollectorConfig, build)   # one call: the rollout.collector option
                                                                    # (its config dataclass) and its builder
+    register_collector("my_collector", MyCollectorConfig, build,   # optionally its own task rows (default:
+                       data=task_data, evaluate=evaluate)          # task.*) and its own held-out evaluation
 
     @COLLECTOR_WRAPPERS.register("my_wrapper")      # returns ``inner`` unchanged when its config leaves it off
     def wrap(x: CollectorInputs, inner: Collector) -> Collector: ...
 
-Built-ins: ``group`` and ``agent`` (credo.collect.builtin), ``tree`` (AttnRL, credo.methods.attnrl.collector) and
+Built-ins: ``group``, ``agent`` and ``gateway`` (credo.collect.builtin), ``tree`` (AttnRL, credo.methods.attnrl.collector) and
 the ``replay`` wrapper (RLEP, credo.methods.rlep.collector), found by module name; their config classes are named
 by ``"module:Class"`` in credo.config.schema.COLLECTORS, so loading a config imports none of them.
 """
@@ -39,18 +41,42 @@ class CollectorInputs:
 
 COLLECTORS: Registry[Callable[[CollectorInputs], Collector]] = Registry(
     "collector", builtins=("credo.collect.builtin", "credo.methods.attnrl.collector"))
+# type -> data(cfg, seed) -> TaskData: a collector whose task rows are not task.*'s (the agent collector's environment
+# tasks, a verifiers environment's rows); a type without one reads task.* (credo.data.source.load_task_data)
+COLLECTOR_DATA: Registry[Callable[[Any, int], Any]] = Registry("collector task data", builtins=("credo.collect.builtin",))
+# type -> evaluate(cfg, engine, runner, examples, *, seed, samples_path) -> metrics: a collector whose held-out
+# evaluation is not single-turn generation scored by the verifier (credo.collect.evaluate.evaluate)
+COLLECTOR_EVALS: Registry[Callable[..., dict]] = Registry("collector evaluation", builtins=("credo.collect.builtin",))
 COLLECTOR_WRAPPERS: Registry[Callable[[CollectorInputs, Collector], Collector]] = Registry(
     "collector wrapper", builtins=("credo.methods.rlep.collector",))
 
 
-def register_collector(name: str, config: type, build: Callable[[CollectorInputs], Collector]) -> None:
-    """A new ``rollout.collector.type``: its config dataclass (a ``type_key(name)`` field and its own keys) as the
-    option of the choice, and its builder."""
+def register_collector(name: str, config: type | str, build: Callable[[CollectorInputs], Collector], *,
+                       data: Callable[[Any, int], Any] | None = None,
+                       evaluate: Callable[..., dict] | None = None) -> None:
+    """A new ``rollout.collector.type``: its config dataclass (a ``type_key(name)`` field and its own keys; or its
+    ``"module:Class"``) as the option of the choice, and its builder; ``data(cfg, seed) -> TaskData`` when its task
+    rows are not ``task.*``'s, ``evaluate(cfg, engine, runner, examples, *, seed, samples_path) -> metrics`` when its
+    held-out evaluation is not the single-turn one."""
     from credo.config.fields import register_choice
     from credo.config.schema import COLLECTORS as OPTIONS
 
     COLLECTORS.add(name, build)
     register_choice(OPTIONS, name, config)
+    if data is not None:
+        COLLECTOR_DATA.add(name, data)
+    if evaluate is not None:
+        COLLECTOR_EVALS.add(name, evaluate)
+
+
+def collector_task_data(cfg: Any, seed: int):
+    """The run's TaskData: the collector's own (``register_collector(..., data=)``), else ``task.*``'s."""
+    kind = cfg.rollout.collector.type
+    if kind in COLLECTOR_DATA:
+        return COLLECTOR_DATA.get(kind)(cfg, seed)
+    from credo.data.source import load_task_data
+
+    return load_task_data(cfg.task, seed=seed)
 
 
 def build_collector(x: CollectorInputs) -> Collector:

@@ -14,7 +14,8 @@ from credo.config.fields import choice, opt, section, type_key
 # the options of the choice sections (type -> "module:Class"; credo.config.fields.register_choice adds one)
 COLLECTORS = {"group": "credo.config.schema:GroupCollectorConfig",
               "tree": "credo.methods.attnrl.config:TreeCollectorConfig",
-              "agent": "credo.collect.config:AgentCollectorConfig"}
+              "agent": "credo.collect.config:AgentCollectorConfig",
+              "gateway": "credo.collect.config:GatewayCollectorConfig"}
 TOKEN_SELECTORS = {"none": "credo.config.schema:NoSelectConfig", "entropy": "credo.config.schema:EntropySelectConfig",
                    "vepo": "credo.methods.vepo.config:VepoSelectConfig"}
 
@@ -44,7 +45,11 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    path: str | None = opt(None, "local Hugging Face model directory (from_pretrained); null = build a tiny model")
+    path: str | None = opt(None, "local Hugging Face model directory (from_pretrained), or a hub id org/name[@revision] "
+                           "resolved through the hub cache (HF_HUB_OFFLINE=1: the cache alone; a run pins it to the "
+                           "commit); null = build a tiny model")
+    trust_remote_code: bool = opt(False, "run the Python code a model repository ships (transformers' "
+                                  "trust_remote_code): only for repositories you trust")
     arch: str = opt("qwen2", "architecture of a freshly built model (llava = a tiny CLIP vision tower + Qwen2: "
                     "model.vision)", choices=("qwen2", "llama", "llava"))
     hidden_size: int = opt(128, "hidden size of a freshly built model", min=8)
@@ -64,7 +69,8 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = opt("reversal", "built-in task (credo list tasks) or 'file' for a JSONL/Parquet dataset")
+    name: str = opt("reversal", "built-in task (credo list tasks), 'file' for a JSONL/Parquet dataset, or 'hf' for a "
+                    "dataset on the Hugging Face hub (task.dataset)")
     params: dict = opt(None, "task parameters, e.g. {min_len: 3, max_len: 6} (rg:<dataset>: the dataset's config "
                        "fields)", factory=dict)
     curriculum: dict | None = opt(None, "rg:<dataset> tasks: difficulty schedule {levels: [0, 1, 2], every: 50} (the "
@@ -79,6 +85,18 @@ class TaskConfig:
                               "(pretrained instruct models)")
     train_file: str | None = opt(None, "JSONL/Parquet training file (task.name=file)")
     eval_file: str | None = opt(None, "JSONL/Parquet eval file; null = hold out eval_fraction of train_file")
+    dataset: str | None = opt(None, "task.name=hf: hub dataset id org/name[@revision] (loaded with the datasets "
+                              "library; HF_HUB_OFFLINE=1: from the caches alone)")
+    subset: str | None = opt(None, "task.name=hf: the dataset's configuration (subset), e.g. main for openai/gsm8k")
+    split: str = opt("train", "task.name=hf: the training split")
+    eval_split: str | None = opt(None, "task.name=hf: the eval split; null = hold out eval_fraction of the training "
+                                 "split (as for files)")
+    streaming: bool = opt(False, "task.name=hf: stream the split instead of downloading it whole (large sets): the "
+                          "first train_size rows are read (eval_split: the first eval_size)")
+    answer_transform: str | None = opt(None, "file / hf rows: rewrite the answer field before use: gsm8k = the "
+                                       "number after the last '####' (commas dropped), boxed = the content of the last "
+                                       "\\boxed{...}; a row it cannot rewrite is a bad row",
+                                       choices=("gsm8k", "boxed"))
     eval_fraction: float = opt(0.1, "held-out fraction when no eval_file is given", min=0.0, max=0.9)
     prompt_field: str = opt("prompt", "prompt field of file rows (a string or chat messages; a dotted path reaches "
                             "into nested objects)")
@@ -150,7 +168,8 @@ class RolloutConfig:
                                 choices=("behaviour", "recompute"))
     collector: Any = choice("group", COLLECTORS, "how a step's rollouts are collected: group = single-turn groups "
                             "of group_size samples per prompt; tree = AttnRL tree rollouts; agent = multi-turn "
-                            "episodes in environments")
+                            "episodes in environments; gateway = your own agent (a Python callable, a command, a "
+                            "verifiers environment) against credo's OpenAI-compatible API")
 
     def __post_init__(self) -> None:
         # one_step_off is max_staleness 1; any max_staleness >= 1 is an asynchronous (one_step_off) run

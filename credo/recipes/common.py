@@ -15,6 +15,7 @@ import torch
 from credo.config import RunConfig, config_to_dict, dump_config
 from credo.data.source import TaskData
 from credo.models import num_parameters, save_model
+from credo.models.hub import resolve_model_path
 from credo.rewards import RewardRunner
 from credo.rewards.mixed import MixedRunner, NoisyRunner
 from credo.rollout import HFRolloutEngine
@@ -138,8 +139,9 @@ def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int, log_dir=None)
         problem = vllm_problem(opts.mode, opts.url)
         if problem:
             raise VLLMUnavailable(f"rollout.engine=vllm: {problem}; use rollout.engine=hf on this machine")
-        if cfg.model.path:
-            return VLLMRolloutEngine(cfg.model.path, tokenizer, seed=seed, options=opts, log_dir=log_dir)
+        if cfg.model.path:  # a hub id: vLLM reads its snapshot (credo.models.hub)
+            path = resolve_model_path(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+            return VLLMRolloutEngine(str(path), tokenizer, seed=seed, options=opts, log_dir=log_dir)
         return VLLMRolloutEngine.from_model(model, tokenizer, seed=seed, options=opts, log_dir=log_dir)
     served = copy.deepcopy(model) if r.one_step_off or d.strategy == "fsdp2" else model
     return HFRolloutEngine(served, tokenizer, seed=seed, max_batch_size=r.max_batch_size, lean=r.lean_decode)
@@ -167,14 +169,11 @@ def injected_faults(cfg: RunConfig, kind: str) -> dict[int, int]:
 
 
 def load_data(cfg: RunConfig, seed: int) -> TaskData:
-    """Environment tasks for the agent collector, else the single-turn task of ``task``."""
-    if cfg.rollout.collector.type == "agent":
-        from credo.collect.agent import AgentOptions, agent_task_data
+    """The collector's own task rows (the agent collector's environment tasks, a verifiers environment's rows:
+    ``register_collector(..., data=)``), else the single-turn task of ``task``."""
+    from credo.collect.registry import collector_task_data
 
-        return agent_task_data(AgentOptions.of(cfg), seed)
-    from credo.data.source import load_task_data
-
-    return load_task_data(cfg.task, seed=seed)
+    return collector_task_data(cfg, seed)
 
 
 def metrics_logger(cfg: RunConfig, run_dir: Path, *, resume_step: int | None = None,
@@ -210,11 +209,12 @@ def run_eval(cfg: RunConfig, engine, runner, data: TaskData, run_dir: Path, *, s
     examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
     if not examples:
         return {}
-    if data.default_reward is None:  # agent RL: episodes against the environments
-        from credo.collect.agent import AgentOptions, evaluate_agent
+    from credo.collect.registry import COLLECTOR_EVALS
 
-        return evaluate_agent(AgentOptions.of(cfg), engine, engine.tokenizer, examples, seed=cfg.seed * 7919 + step,
-                              samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
+    kind = cfg.rollout.collector.type
+    if kind in COLLECTOR_EVALS:  # the collector's own (agent RL: episodes against the environments)
+        return COLLECTOR_EVALS.get(kind)(cfg, engine, runner, examples, seed=cfg.seed * 7919 + step,
+                                         samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl")
     return evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed * 7919 + step,
                     samples_path=run_dir / "eval_samples" / f"step_{step:06d}.jsonl", pass_k=cfg.eval.pass_k)
