@@ -77,11 +77,14 @@ def env_examples(env: str, task_ids: list[int], split: str) -> list[Example]:
 
 
 def task_space(a: AgentCollectorConfig, env: str, split: str) -> tuple[int, int] | None:
-    """[lo, hi) of an AgentGym environment's ``split`` task ids; None for credo's own environments (every id)."""
+    """[lo, hi) of ``split``'s task ids: an AgentGym environment's adapter range, an environment's own
+    ``EnvSpec.task_space`` (skyrl_gym:<id>: its dataset's rows); None for the rest (every id)."""
+    from credo.envs import check_env_params
     from credo.envs.agentgym import is_remote
 
     if not is_remote(env):
-        return None
+        space = get_env_spec(env).task_space
+        return None if space is None else space(check_env_params(env, a.env_params.get(env, {})), split)
     adapter = remote_adapter(a, env)
     return adapter.train_ids if split == "train" else adapter.eval_ids
 

@@ -75,15 +75,18 @@ class EnvSpec:
     # schemas), takes ``call:{"name", "arguments"}`` and ``answer:text`` actions, and its oracle returns a
     # credo.tools.parsers.ToolCall or the final answer's text
     tools: bool = False
+    # task_space(params, split) -> [lo, hi) of the task ids of split ("train" / "eval") for an environment with a
+    # bounded set of tasks (skyrl_gym:<id>: its dataset's rows); None = every id (train ids below EVAL_OFFSET)
+    task_space: Callable[[dict[str, Any], str], tuple[int, int]] | None = None
 
 
 # The built-in environments' modules are named, imported on the first lookup or listing (``verify``, AgentV-RL's
 # agentic verifier, lives in its method package above this registry).
 ENVS: Registry[EnvSpec] = Registry("environment", builtins=(
     "credo.envs.builtin", "credo.methods.agentic_verifier.env", "credo.envs.agentgym", "credo.envs.toolgraph",
-    "credo.envs.tooled"))
-# name prefixes resolved by a function instead of the registry ("agentgym:" -> credo.envs.agentgym.remote_spec),
-# filled by the built-in modules above
+    "credo.envs.tooled", "credo.envs.skyrl"))
+# name prefixes resolved by a function instead of the registry ("agentgym:" -> credo.envs.agentgym.remote_spec,
+# "skyrl_gym:" -> credo.envs.skyrl.skyrl_spec), filled by the built-in modules above
 PREFIXES: Registry[Callable[[str], EnvSpec]] = Registry("environment prefix")
 
 
@@ -97,8 +100,9 @@ def list_envs() -> list[str]:
 
 
 def get_env_spec(name: str) -> EnvSpec:
-    """The spec of a registered environment, or of ``agentgym:<name>`` (an AgentGym server's contract from
-    :data:`credo.envs.agentgym.ADAPTERS`)."""
+    """The spec of a registered environment, or of a name with a registered prefix (:data:`PREFIXES`):
+    ``agentgym:<name>`` (an AgentGym server's contract from :data:`credo.envs.agentgym.ADAPTERS`),
+    ``skyrl_gym:<id>`` (a skyrl-gym environment over a dataset of SkyRL rows, :mod:`credo.envs.skyrl`)."""
     ENVS.load_builtins()  # they register the prefixes too
     for prefix, resolve in PREFIXES.items():
         if name.startswith(prefix):

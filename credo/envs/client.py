@@ -50,9 +50,12 @@ class LocalEnvClient:
 
     def reset(self, task_id: int) -> str:
         try:
-            return self.env.reset(task_id)
+            obs = self.env.reset(task_id)
         except Exception as exc:  # an environment bug is an env failure, not a crash of the run
             raise EnvError(f"{self.name}.reset({task_id}) failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(getattr(self.env, "instruction", None), str):  # a per-task one (skyrl_gym: a row's system)
+            self.instruction = self.env.instruction
+        return obs
 
     def step(self, text: str) -> StepResult:
         action = self.parser.parse(text)
