@@ -76,10 +76,32 @@ def export(run_dir: Path, out: Path, *, checkpoint: str | None = None) -> Path:
         if not (source / "config.json").is_file():
             raise FileNotFoundError(f"{source} is not a model directory (no config.json)")
         copy_without_links(source, out)
+        record_base_model(run_dir, out)
         return out
     model, tokenizer = merged_adapter_model(source)
     save_model(model, tokenizer, out)
+    record_base_model(run_dir, out)
     return out
+
+
+BASE_RECORD = "credo_base_model.json"
+
+
+def record_base_model(run_dir: Path, out: Path) -> None:
+    """``OUT/credo_base_model.json`` ({"repo_id", "revision"}) when the run started from a hub model: its
+    ``config.yaml`` names it pinned to a commit (credo.recipes.preflight.pin_hub_ids; docs/bring-your-own.md)."""
+    import json
+
+    from credo.config.hub_ref import parse_hub_id
+    from credo.config.yaml_safe import YamlConfigError, read_mapping
+
+    try:
+        model = read_mapping(run_dir / "config.yaml").get("model") or {}
+    except (OSError, YamlConfigError):
+        return
+    ref = parse_hub_id(model.get("path")) if isinstance(model, dict) else None
+    if ref is not None and not Path(str(model.get("path"))).expanduser().exists():
+        (out / BASE_RECORD).write_text(json.dumps({"repo_id": ref.repo_id, "revision": ref.revision}) + "\n")
 
 
 def copy_without_links(source: Path, out: Path) -> None:

@@ -20,6 +20,7 @@ import yaml
 
 from credo.config import legacy
 from credo.config.fields import resolve_class
+from credo.config.hub_ref import parse_hub_id
 from credo.config.schema import RunConfig
 from credo.config.validate import ConfigError, validate_common, validate_run
 from credo.config.yaml_safe import YamlConfigError, load_yaml, read_mapping
@@ -28,6 +29,7 @@ REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # input paths a preset may give relative to its own folder (load_config); overrides stay relative to the cwd
 PRESET_PATH_KEYS = ("model.path", "critic.path", "task.train_file", "task.eval_file", "rm.train_file", "rm.eval_file",
                     "replay.pool")
+HUB_ID_KEYS = ("model.path", "critic.path")  # of those, the keys that may name a hub id instead
 
 
 # ----------------------------------------------------------------------------- public API
@@ -167,8 +169,10 @@ def resolve_preset(name: str) -> Path:
 def resolve_preset_paths(data: dict[str, Any], preset: Path) -> dict[str, Any]:
     """``data`` (a preset read from ``preset``) with each relative path of :data:`PRESET_PATH_KEYS` made absolute
     against the preset's folder, so a preset works from any working directory. Absolute and ``~`` paths,
-    ``replay.pool=warm_start``, and a path that exists only relative to the working directory (older presets, a
-    run's ``config.yaml`` written from cwd-relative overrides) are left as they are."""
+    ``replay.pool=warm_start``, a path that exists only relative to the working directory (older presets, a
+    run's ``config.yaml`` written from cwd-relative overrides) and a model path that is a hub id
+    (``org/name[@revision]``, :mod:`credo.config.hub_ref`) with no such folder beside the preset are left as they
+    are."""
     base = preset.resolve().parent
     for key in PRESET_PATH_KEYS:
         section, name = key.split(".")
@@ -178,6 +182,8 @@ def resolve_preset_paths(data: dict[str, Any], preset: Path) -> dict[str, Any]:
                 or (key == "replay.pool" and value == "warm_start"):
             continue
         here = Path(os.path.normpath(base / value))
+        if not here.exists() and key in HUB_ID_KEYS and parse_hub_id(value) is not None:
+            continue  # a hub id (org/name[@revision]), resolved through the hub cache (credo.models.hub)
         if here.exists() or not Path(value).exists():
             node[name] = str(here)
     return data

@@ -87,7 +87,28 @@ def validate_common(cfg: Any) -> None:
         raise ConfigError("task.train_file: required when task.name=file")
     if cfg.task.name != "file" and (cfg.task.train_file or cfg.task.eval_file):
         raise ConfigError(f"task.train_file: only used with task.name=file (task.name is {cfg.task.name!r})")
+    validate_hub_task(cfg.task)
     validate_trackers(cfg.log)
+
+
+def validate_hub_task(t: Any) -> None:
+    """``task.name=hf`` names its dataset by hub id (``task.dataset``), and only it takes the hub keys."""
+    from credo.config.hub_ref import parse_hub_id
+
+    if t.name == "hf":
+        if not t.dataset:
+            raise ConfigError("task.dataset: required when task.name=hf (a hub dataset id, e.g. openai/gsm8k)")
+        if parse_hub_id(t.dataset) is None:
+            raise ConfigError(f"task.dataset: {t.dataset!r} is not a hub dataset id (org/name, optionally "
+                              "@revision); a local file is task.name=file task.train_file=PATH")
+        if t.eval_split is not None and t.eval_split == t.split:
+            raise ConfigError(f"task.eval_split: the same split as task.split ({t.split!r}) would evaluate on the "
+                              "training rows; name another split, or null to hold out task.eval_fraction")
+    if t.answer_transform is not None and t.name not in ("file", "hf"):
+        raise ConfigError(f"task.answer_transform: only used with task.name=file or hf (task.name is {t.name!r})")
+    if t.name != "hf" and (t.dataset or t.subset or t.eval_split or t.streaming):
+        raise ConfigError(f"task.dataset / subset / eval_split / streaming: only used with task.name=hf (task.name "
+                          f"is {t.name!r})")
 
 
 def validate_run(cfg: Any) -> None:

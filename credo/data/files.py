@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,6 +345,7 @@ def load_dataset_file(
     on_bad_row: OnBadRow = "skip",
     max_bad_rows: int | None = None,
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    answer_transform: str | None = None,
 ) -> FileDataset:
     """Load a JSONL (``.jsonl``/``.json``/``.ndjson``) or Parquet (``.parquet``/``.pq``) file, or with the ``datasets``
     library a Hugging Face datasets directory (``Dataset.save_to_disk``; one split of a DatasetDict) or Arrow file.
@@ -352,7 +354,11 @@ def load_dataset_file(
     :class:`DatasetError` (a ValueError) for a Parquet file without the prompt/answer/uid column, a
     bad row in ``"error"`` mode, more than ``max_bad_rows`` bad rows, or a file with no valid row. In ``"skip"`` mode one
     :class:`BadRowsWarning` summarises the skipped rows. A row over ``max_row_bytes`` is a bad row.
+    ``answer_transform`` (:data:`ANSWER_TRANSFORMS`: gsm8k, boxed) rewrites each answer; a row it cannot rewrite is
+    a bad row (the original answer is kept in ``meta["raw_answer"]``).
     """
+    if answer_transform is not None and answer_transform not in ANSWER_TRANSFORMS:
+        raise ValueError(f"answer_transform must be one of {', '.join(ANSWER_TRANSFORMS)}, got {answer_transform!r}")
     if on_bad_row not in ("skip", "error"):
         raise ValueError(f"on_bad_row must be 'skip' or 'error', got {on_bad_row!r}")
     if max_bad_rows is not None and (isinstance(max_bad_rows, bool) or not isinstance(max_bad_rows, int)
@@ -367,13 +373,21 @@ def load_dataset_file(
     fields = _Fields(prompt_field, answer_field, uid_field)
     rows = _iter_jsonl(path, max_row_bytes) if fmt == "jsonl" else _iter_parquet(path, fields, max_row_bytes) \
         if fmt == "parquet" else _iter_hf(path, fields, max_row_bytes, fmt)
+    return rows_to_dataset(rows, path, os.path.basename(path), fields, on_bad_row=on_bad_row,
+                           max_bad_rows=max_bad_rows, answer_transform=answer_transform)
 
+
+def rows_to_dataset(rows: Iterator[_RawRow], path: str, base: str, fields: _Fields, *, on_bad_row: OnBadRow,
+                    max_bad_rows: int | None, answer_transform: str | None = None) -> FileDataset:
+    """The examples of ``(line, row, reason)`` rows (a file's, or a hub split's: credo.data.hub) and their bad rows,
+    located as ``path:line``; uids are ``base:line``. The bad-row rules of :func:`load_dataset_file`."""
     ds = FileDataset(path=path)
-    base = os.path.basename(path)
     for line, row, reason in rows:
         example = None
         if not reason:
             example, reason = _to_example(row, line, base, fields)
+        if example is not None and answer_transform is not None:
+            example, reason = transform_answer(example, answer_transform, fields.answer)
         if example is not None:
             ds.examples.append(example)
             ds.lines.append(line)
@@ -394,9 +408,52 @@ def load_dataset_file(
         warnings.warn(
             f"{path}: skipped {ds.num_bad} of {total} rows: {bad_row_summary(ds.bad_rows)}",
             BadRowsWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     return ds
+
+
+# --------------------------------------------------------------------------------------------------
+# Answer transforms (task.answer_transform)
+# --------------------------------------------------------------------------------------------------
+
+_GSM8K_NUMBER = re.compile(r"-?[\d,]*\.?\d+")
+
+
+def _gsm8k_answer(text: str) -> str | None:
+    """GSM8K's reference: the number after the last ``####`` (``1,000`` -> ``1000``)."""
+    if "####" not in text:
+        return None
+    found = _GSM8K_NUMBER.search(text.rsplit("####", 1)[1])
+    return found.group(0).replace(",", "") if found else None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; None if none."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+ANSWER_TRANSFORMS = {"gsm8k": (_gsm8k_answer, "no '#### <number>' line"),
+                     "boxed": (last_boxed, "no complete \\boxed{...}")}
+
+
+def transform_answer(example: Example, name: str, field_name: str) -> tuple[Example | None, str]:
+    """``(example with its answer rewritten by transform name, "")`` or ``(None, bad-row reason)``."""
+    fn, missing = ANSWER_TRANSFORMS[name]
+    answer = fn(example.answer)
+    if not answer:
+        return None, f"field {field_name!r}: answer_transform={name}: {missing} in {example.answer[-80:]!r}"
+    meta = {**example.meta, "raw_answer": example.answer}
+    return Example(prompt=example.prompt, answer=answer, uid=example.uid, meta=meta), ""
 
 
 # --------------------------------------------------------------------------------------------------

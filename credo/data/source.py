@@ -1,4 +1,5 @@
-"""The examples a run trains and evaluates on, from a built-in task or a user file (``TaskConfig``)."""
+"""The examples a run trains and evaluates on, from a built-in task, a user file or a hub dataset (``TaskConfig``;
+credo.data.files, credo.data.hub)."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +27,7 @@ class TaskData:
     sft_batch: Callable | None = None
     stage_train: list[list[Example]] = field(default_factory=list)  # per sequential stage (agent RL)
     origins: dict[str, tuple[str, int]] = field(default_factory=dict)  # file rows: uid -> (path, line)
+    source: dict = field(default_factory=dict)  # task.name=hf: {dataset, commit, subset, split, eval_split}
 
 
 def format_prompts(data: TaskData, tokenizer, *, template: str = "{prompt}", chat: bool = False) -> TaskData:
@@ -64,6 +66,8 @@ def _any_messages(data: TaskData) -> bool:
 def load_task_data(cfg, *, seed: int) -> TaskData:
     """``cfg`` is a :class:`credo.config.TaskConfig`; ``seed`` is used when ``cfg.seed`` is null."""
     data_seed = cfg.seed if cfg.seed is not None else seed
+    if cfg.name == "hf":
+        return _load_hub(cfg, data_seed)
     if cfg.name != "file":
         task = get_task(cfg.name, curriculum=cfg.curriculum, **cfg.params)
         train, eval_ = build_splits(task, train_size=cfg.train_size, eval_size=cfg.eval_size, seed=data_seed)
@@ -79,16 +83,46 @@ def load_task_data(cfg, *, seed: int) -> TaskData:
                     origins=origins)
 
 
-def _read(cfg, path: str, origins: dict[str, tuple[str, int]]) -> tuple[list[Example], list[BadRow]]:
-    """The file's examples and bad rows; records each example's (path, line) in ``origins``."""
+def _load_hub(cfg, data_seed: int) -> TaskData:
+    """``task.name=hf``: the split (and eval split, else a held-out ``eval_fraction``) of a hub dataset
+    (credo.data.hub); the rows' origins are ``(org/name[split], row)``."""
+    from credo.data.hub import load_hub_split
+
+    origins: dict[str, tuple[str, int]] = {}
+    stream = cfg.streaming
+    train, source = _collect(lambda: load_hub_split(cfg, cfg.split, limit=cfg.train_size if stream else None),
+                             origins)
+    bad = list(train.bad_rows)
+    if cfg.eval_split:
+        evals, _ = _collect(lambda: load_hub_split(cfg, cfg.eval_split, limit=cfg.eval_size if stream else None),
+                            origins)
+        train_ex, eval_ex = train.examples, evals.examples
+        bad += evals.bad_rows
+    else:
+        train_ex, eval_ex = split_examples(train.examples, cfg.eval_fraction, data_seed)
+    info = {"dataset": source.dataset, "commit": source.commit, "subset": source.subset, "split": source.split,
+            "eval_split": cfg.eval_split}
+    return TaskData(f"hf:{cfg.dataset}", train_ex, eval_ex, "exact_match", lambda ex: ex.answer, bad,
+                    origins=origins, source=info)
+
+
+def _collect(load: Callable, origins: dict[str, tuple[str, int]]):
+    """``load()`` -> (FileDataset, extra) with its bad-row warning logged and its rows' origins recorded."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", BadRowsWarning)
-        ds = load_dataset_file(path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                               on_bad_row=cfg.on_bad_row, max_bad_rows=cfg.max_bad_rows,
-                               max_row_bytes=cfg.max_row_bytes)
+        ds, extra = load()
     for w in caught:
         log.warning("%s", w.message)
     origins.update((ex.uid, (ds.path, line)) for ex, line in zip(ds.examples, ds.lines))
+    return ds, extra
+
+
+def _read(cfg, path: str, origins: dict[str, tuple[str, int]]) -> tuple[list[Example], list[BadRow]]:
+    """The file's examples and bad rows; records each example's (path, line) in ``origins``."""
+    ds, _ = _collect(lambda: (load_dataset_file(path, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
+                                                on_bad_row=cfg.on_bad_row, max_bad_rows=cfg.max_bad_rows,
+                                                max_row_bytes=cfg.max_row_bytes,
+                                                answer_transform=cfg.answer_transform), None), origins)
     return ds.examples, ds.bad_rows
 
 
@@ -125,7 +159,7 @@ def _overlong(data: TaskData, split: str, examples: list[Example], tokenizer, cf
             continue
         why = (f"prompt is {n} tokens + rollout.max_new_tokens={max_new_tokens} = {n + max_new_tokens}, over the "
                f"model's max_position_embeddings={context}")
-        if cfg.name != "file":
+        if cfg.name not in ("file", "hf"):
             raise DatasetError(f"task {cfg.name!r} with params {dict(cfg.params)}: {split} example {ex.uid}: {why}; "
                                "choose smaller task parameters, a shorter prompt_template or fewer max_new_tokens")
         path, line = data.origins.get(ex.uid, (data.name, 0))

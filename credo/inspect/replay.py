@@ -126,7 +126,9 @@ def tokenizer_dir(run_dir: Path, cfg: RunConfig, *candidates: Path | None) -> Pa
     dirs = [c for c in candidates if c is not None] + [run_dir / "final"]
     dirs += sorted((run_dir / "checkpoints").glob("step_*/model"), reverse=True)
     if cfg.model.path:
-        dirs.append(Path(cfg.model.path).expanduser())
+        from credo.models.hub import cached_model_path  # a hub id: its cached snapshot, if any
+
+        dirs.append(cached_model_path(cfg.model.path) or Path(cfg.model.path).expanduser())
     return next((d for d in dirs if (d / "tokenizer_config.json").is_file() or (d / "tokenizer.json").is_file()),
                 None)
 

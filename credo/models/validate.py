@@ -29,7 +29,9 @@ def vision_policy(cfg) -> bool:
     m = cfg.model
     if m.path is None:
         return m.arch == "llava" or cfg.task.name == "shapes"
-    config = Path(m.path).expanduser() / "config.json"
+    from credo.models.hub import cached_model_path
+
+    config = (cached_model_path(m.path) or Path(m.path).expanduser()) / "config.json"  # a hub id: if cached
     try:
         model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
     except (OSError, ValueError):

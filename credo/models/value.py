@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel
 
 from credo.models.build import quiet_transformers
+from credo.models.hub import resolve_model_path
 from credo.registry import Registry
 
 HEAD_FILE = "value_head.safetensors"
@@ -128,9 +129,10 @@ class ValueModel(torch.nn.Module):
         return model.to(next(policy.parameters()).device)
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu") -> "ValueModel":
+    def load(cls, path: str | Path, device: str = "cpu", *, key: str = "critic.path") -> "ValueModel":
+        """A saved critic / reward model (:meth:`save`) from a local directory or a hub id (credo.models.hub)."""
         quiet_transformers()
-        path = Path(path)
+        path = resolve_model_path(path, key=key)
         spec = json.loads((path / HEAD_CONFIG).read_text()) if (path / HEAD_CONFIG).is_file() else {"kind": "scalar"}
         if spec["kind"] == "implicit":  # a DPO-style reward model (credo.models.implicit), loaded the same way
             from credo.models.implicit import ImplicitRewardModel

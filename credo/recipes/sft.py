@@ -80,8 +80,8 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
 
 def resolve_target(target: Path, config: str | None, overrides: list[str]) -> tuple[RunConfig, Path]:
     """(config, model directory) of a run directory (its final model, else its latest checkpoint), a checkpoint
-    directory (RUN/checkpoints/step_N: its model, the run's config) or a Hugging Face model directory (``config``
-    and the overrides, or the defaults)."""
+    directory (RUN/checkpoints/step_N: its model, the run's config), a Hugging Face model directory or a hub id
+    ``org/name[@revision]`` (credo.models.hub; ``config`` and the overrides, or the defaults)."""
     from credo.train.checkpoint import latest_checkpoint
     from credo.tracking.rundir import check_run_dir
 
@@ -98,6 +98,11 @@ def resolve_target(target: Path, config: str | None, overrides: list[str]) -> tu
         check_run_dir(target.parent.parent, "credo eval")
         return (load_config(config or str(target.parent.parent / "config.yaml"), overrides,
                             untrusted_dir=target.parent.parent), target / "model")
+    from credo.models.hub import hub_id_of, resolve_model_path
+
+    if not target.is_dir() and hub_id_of(str(target)) is not None:  # a hub id: its snapshot (credo.models.hub)
+        cfg = load_config(config, overrides)
+        return cfg, resolve_model_path(str(target), key="credo eval", trust_remote_code=cfg.model.trust_remote_code)
     if not target.is_dir():
         raise FileNotFoundError(f"{target} is not a run, checkpoint or model directory")
     return load_config(config, overrides), target

@@ -53,8 +53,9 @@ class LocalRewardModel:
         import torch
 
         from credo.models import ValueModel, load_tokenizer
+        from credo.models.hub import resolve_model_path
 
-        path = Path(path)
+        path = resolve_model_path(path, key="reward model path")  # a hub id: its snapshot (credo.models.hub)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path}: not a saved reward model (no config.json); `credo rm train` writes "
                                     "RUN_DIR/reward_model")

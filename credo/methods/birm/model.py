@@ -56,7 +56,9 @@ class BiRewardModel(torch.nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> "BiRewardModel | LogRatioBiRM":
-        path = Path(path)
+        from credo.models.hub import resolve_model_path
+
+        path = resolve_model_path(path, key="BiRM path")  # a hub id: its snapshot (credo.models.hub)
         if (path / KIND_FILE).is_file():
             return LogRatioBiRM.load(path, device)
         model = cls(_load_lm(path))

@@ -40,7 +40,8 @@ def load_teacher(cfg: RunConfig, student_tokenizer) -> torch.nn.Module | None:
                               "use distill.teacher.path")
         return ServerTeacher(d.teacher.url, student_tokenizer, timeout_s=d.teacher.timeout_s)
     with torch.random.fork_rng(devices=[]):  # loading leaves the run's random stream as it was (same seed, same run)
-        teacher, tokenizer = load_model(d.teacher.path, dataclasses.replace(cfg.model, path=d.teacher.path))
+        teacher, tokenizer = load_model(d.teacher.path, dataclasses.replace(cfg.model, path=d.teacher.path),
+                                        key="distill.teacher.path")
     check_same_vocab(student_tokenizer, tokenizer, f"distill.teacher.path={d.teacher.path}")
     return teacher.eval().requires_grad_(False)
 

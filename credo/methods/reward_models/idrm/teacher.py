@@ -24,6 +24,7 @@ from transformers import BertConfig, BertModel
 from credo.config import ConfigError
 from credo.methods.reward_models.pairs import PreferencePair
 from credo.models.build import quiet_transformers
+from credo.models.hub import resolve_model_path
 from credo.models.tokenizer import build_char_tokenizer
 from credo.train.optim import build_optimizer, build_scheduler, clip_and_step
 
@@ -108,7 +109,7 @@ class CrossEncoder(torch.nn.Module):
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> "CrossEncoder":
         quiet_transformers()
-        path = Path(path)
+        path = resolve_model_path(path, key="idrm teacher path")  # a hub id: its snapshot (credo.models.hub)
         if not (path / HEAD_FILE).is_file():
             raise FileNotFoundError(f"{path}: not a saved idrm teacher (no {HEAD_FILE}); a run writes RUN_DIR/teacher")
         model = cls(BertModel.from_pretrained(path, local_files_only=True, attn_implementation="eager"))
