@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ PARAMS: dict[str, Any] = {
     "data": None,  # JSONL / Parquet file (or a datasets directory) of SkyRL rows: the training tasks (required)
     "eval_data": None,  # the held-out tasks; None = the rows of data
     "env_class": None,  # the rows used: those whose env_class column is this (None = the environment's id) or unset
-    "ground_truth_field": "reward_spec.ground_truth",  # every row must have it (aime's rows: reward_model.ground_truth)
+    # a field every row must have (a row without is skipped as a bad row); aime's rows: reward_model.ground_truth;
+    # "" = no check
+    "ground_truth_field": "reward_spec.ground_truth",
     "env_config": {},  # skyrl_gym.make's env_config (text2sql: {db_path: DIR}); over the env's *EnvConfig defaults
     "max_turns": None,  # extras["max_turns"], as SkyRL's generator sets it; None = the row's / the environment's own
     "reward": "sum",  # the episode's reward: "sum" of its step rewards or the "last" step's
@@ -91,21 +94,69 @@ def observation_text(messages: list[dict[str, Any]] | None) -> str:
     return "\n".join(str(m.get("content", "")) for m in messages or [] if m)
 
 
+def _raw_rows(path: str) -> list[tuple[int, Any]]:
+    """(1-based line or row, parsed row) of a JSONL or Parquet file; a JSONL line that is no JSON is ``None``."""
+    from credo.data.files import JSONL_SUFFIXES, PARQUET_SUFFIXES
+
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in PARQUET_SUFFIXES:
+        import pyarrow.parquet as pq
+
+        return list(enumerate(pq.read_table(path).to_pylist(), 1))
+    if suffix not in JSONL_SUFFIXES:
+        raise ValueError(f"skyrl-gym dataset {path}: expected a {'/'.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)} file")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line, text in enumerate(f, 1):
+            if text.strip():
+                try:
+                    out.append((line, json.loads(text)))
+                except ValueError:
+                    out.append((line, None))
+    return out
+
+
+def _row(raw: Any, where: str, ground_truth_field: str) -> SkyRLRow | str:
+    """The task of one parsed row, or why it is a bad row."""
+    if not isinstance(raw, dict):
+        return "not a JSON object"
+    prompt = raw.get("prompt")
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt):
+        return "prompt must be a list of {role, content} chat messages"
+    if ground_truth_field:
+        node: Any = raw
+        for part in ground_truth_field.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return f"no {ground_truth_field}"
+    messages = tuple({"role": m["role"], "content": m["content"]} for m in prompt)
+    split_prompt(list(messages), where)  # the layout is checked once, at load (ValueError: not a bad row, a limit)
+    return SkyRLRow(messages, {k: v for k, v in raw.items() if k != "prompt"}, where)
+
+
 @functools.lru_cache(maxsize=16)
 def _load(path: str, mtime_ns: int, size: int, ground_truth_field: str) -> tuple[SkyRLRow, ...]:
-    from credo.data.files import load_dataset_file
+    import warnings
 
-    ds = load_dataset_file(path, prompt_field="prompt", answer_field=ground_truth_field, on_bad_row="skip")
+    from credo.data.files import BadRowsWarning
+
     base = os.path.basename(path)
-    rows = []
-    for ex, line in zip(ds.examples, ds.lines):
-        where = f"{base}:{line}"
-        meta = dict(ex.meta)
-        messages = meta.pop("prompt_messages", None) or [{"role": "user", "content": ex.prompt}]
-        split_prompt(messages, where)  # the layout is checked once, at load
-        if "." not in ground_truth_field:  # a top-level ground-truth column stays a column of the extras
-            meta[ground_truth_field] = ex.answer
-        rows.append(SkyRLRow(tuple(messages), meta, where))
+    rows, bad = [], []
+    for line, raw in _raw_rows(path):
+        row = _row(raw, f"{base}:{line}", ground_truth_field)
+        if isinstance(row, str):
+            bad.append(f"{base}:{line}: {row}")
+        else:
+            rows.append(row)
+    if bad and not rows:
+        raise ValueError(f"skyrl-gym dataset {path}: no valid row ({'; '.join(bad[:3])})")
+    if bad:
+        warnings.warn(f"skyrl-gym dataset {path}: skipped {len(bad)} of {len(bad) + len(rows)} rows: "
+                      f"{'; '.join(bad[:5])}", BadRowsWarning, stacklevel=2)
     return tuple(rows)
 
 

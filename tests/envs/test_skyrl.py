@@ -1,5 +1,6 @@
 """skyrl-gym environments as credo environments (``skyrl_gym:<id>``, credo.envs.skyrl): the real skyrl-gym package's
-gsm8k, gsm8k_multi_turn and text2sql (on a sqlite database built here) with hand-checked rewards, the rendering
+gsm8k, gsm8k_multi_turn, text2sql (on a sqlite database built here) and search (against a retrieval server stand-in
+on 127.0.0.1) with hand-checked rewards, the rendering
 against SkyRL's own (the chat template over the prompt and observation messages), config errors, and a tiny
 ``credo train`` of the agent collector on a SkyRL-format parquet file."""
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +21,7 @@ from credo.envs import EVAL_OFFSET, EnvError, LocalEnvClient, get_env_spec
 from credo.envs.skyrl import observation_text
 from credo.rollout.agent_loop import chat_template
 from tests.conftest import TINY_RUN
+from tests.env_util import JSONHandler
 from tests.tools.tool_templates import chat_tokenizer
 
 QUESTIONS = [("What is 40+2?", "42"), ("What is 3*3?", "9"), ("What is 10-3?", "7"), ("What is 2+2?", "4")]
@@ -91,12 +95,19 @@ def test_rows_of_another_env_class_are_left_out(tmp_path):
     assert client.reset(0).startswith("What is 10-3?")
 
 
-def test_jsonl_rows_work_too(tmp_path):
+def test_jsonl_rows_work_too_and_bad_rows_are_skipped_with_a_warning(tmp_path):
+    from credo.data.files import BadRowsWarning
+
     path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(QUESTIONS[:1])))
-    client = LocalEnvClient("skyrl_gym:gsm8k", data=str(path))
-    client.reset(0)
-    assert client.step("#### 42").reward == 1.0
+    no_truth = {"prompt": [{"role": "user", "content": "1+1?"}], "env_class": "gsm8k"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(QUESTIONS[:2]))
+                    + "{not json\n" + json.dumps(no_truth) + "\n")
+    with pytest.warns(BadRowsWarning, match=r"skipped 2 of 4 rows: rows.jsonl:3: not a JSON object; "
+                                            r"rows.jsonl:4: no reward_spec.ground_truth"):
+        client = LocalEnvClient("skyrl_gym:gsm8k", data=str(path))
+    assert len(client.env.train_rows) == 2
+    client.reset(1)
+    assert client.step("#### 9").reward == 1.0
 
 
 # ------------------------------------------------------------------------------------------ gsm8k_multi_turn
@@ -174,6 +185,50 @@ def test_text2sql_without_its_database_is_an_env_failure(sql_rows, tmp_path):
     client = LocalEnvClient("skyrl_gym:text2sql", data=data, env_config={"db_path": str(tmp_path / "none")})
     with pytest.raises(EnvError, match="Database file not found"):
         client.reset(0)
+
+
+# ------------------------------------------------------------------------------------------ search
+
+class RetrievalHandler(JSONHandler):
+    """A stand-in for Search-R1's retrieval server (POST /retrieve {query, topk, return_scores} -> {result: [[
+    {document: {contents}, score}, ...]]}) on 127.0.0.1: skyrl-gym's search environment has no offline mode."""
+
+    queries: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.queries.append(body)
+        docs = [{"document": {"contents": f"\"France\"\nParis is the capital of France ({i})."}, "score": 1.0 - i}
+                for i in range(body["topk"])]
+        self._reply(200, json.dumps({"result": [docs]}).encode())
+
+
+def test_search_queries_a_retrieval_server_and_scores_exact_match(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "What is the capital of France? Search with <search>query"
+                         "</search>, answer in <answer></answer>."}],
+             "env_class": "search", "data_source": "nq",
+             "reward_spec": {"method": "rule", "ground_truth": {"target": ["Paris"]}},
+             "extra_info": {"index": 0, "split": "train"}}]
+    data = write_parquet(tmp_path / "search.parquet", rows)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RetrievalHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+        client = LocalEnvClient("skyrl_gym:search", data=data, max_turns=3,
+                                env_config={"search_url": url, "topk": 2, "log_requests": False})
+        client.reset(0)
+        found = client.step("<search>capital of France</search>")
+        assert not found.done and found.reward == 0.0 and RetrievalHandler.queries[-1]["query"] == "capital of France"
+        assert found.observation.startswith("\n<information>") and "Doc 2: " in found.observation
+        right = client.step("<answer>paris</answer>")  # exact match after SQuAD normalisation
+        assert right.done and right.reward == 1.0 and right.info["success"]
+        client.reset(0)
+        wrong = client.step("<answer>Lyon</answer>")
+        assert wrong.done and wrong.reward == 0.0
+        client.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 # ------------------------------------------------------------------------------------------ rendering
