@@ -40,14 +40,15 @@ def run_tool(name: str, arguments: str) -> str:
 
 # ----------------------------------------------------------------------------- (a) the openai package, with tools
 
-def openai_tools(task: dict, client) -> float:
+def openai_tools(task: dict, client, max_tokens: int | None = MAX_TOKENS) -> float:
     """A tool loop as written against the ``openai`` client: offer ``rev``, run the calls the model makes, send
     their results back, and score the final answer."""
     oa = client.openai()
     messages: list[dict] = [{"role": "user", "content": task["prompt"]}]
+    cap = {"max_tokens": max_tokens} if max_tokens else {}
     for _ in range(3):
         resp = oa.chat.completions.create(model=client.model, messages=messages, tools=TOOLS, tool_choice="auto",
-                                          max_tokens=MAX_TOKENS)
+                                          **cap)
         msg = resp.choices[0].message
         if not msg.tool_calls:
             return dense(msg.content, task["answer"])
@@ -56,6 +57,11 @@ def openai_tools(task: dict, client) -> float:
             messages.append({"role": "tool", "tool_call_id": call.id,
                              "content": run_tool(call.function.name, call.function.arguments)})
     return 0.0
+
+
+def openai_tools_uncapped(task: dict, client) -> float:
+    """:func:`openai_tools` without a ``max_tokens`` of its own (the run's ``rollout.max_new_tokens`` caps calls)."""
+    return openai_tools(task, client, max_tokens=None)
 
 
 async def openai_async(task: dict, client) -> dict:
@@ -156,3 +162,8 @@ def verifier_scores(task: dict, client) -> None:
     client.openai().chat.completions.create(model=client.model, messages=[{"role": "user", "content": task["prompt"]}],
                                             max_tokens=MAX_TOKENS)
     return None
+
+
+def dense_verifier(response: str, example, **_) -> float:
+    """:func:`dense` as a run's verifier (``reward.name=tests.collect.gateway_agents:dense_verifier``)."""
+    return dense(response, example.answer)

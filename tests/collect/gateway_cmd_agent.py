@@ -2,9 +2,12 @@
 CREDO_TASK from its environment, asks the model twice over plain HTTP (no client library: any language can be an
 agent), and prints its reward as the last line of stdout. ``argv[1]`` picks what it prints:
 
-- ``score`` (default): the share of the answer's characters in place in the last answer;
+- ``score`` (default): the share of the answer's characters in place in the last answer (plus a small
+  text-dependent tie-breaker, as tests/collect/gateway_agents.py's ``dense``);
 - ``null``: null (the run's verifier scores the last completion);
 - ``garbage``: a line that is not JSON; ``fail``: exits with code 3; ``hang``: sleeps an hour.
+
+``argv[2] == "nocall"``: no model call (the reply as if the calls were made).
 """
 from __future__ import annotations
 
@@ -29,10 +32,12 @@ def main() -> None:
     task = json.loads(os.environ["CREDO_TASK"])
     if mode == "hang":
         time.sleep(3600)
-    messages = [{"role": "user", "content": task["prompt"]}]
-    first = chat(messages)
-    messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "again:"}]
-    last = chat(messages)
+    last = ""
+    if sys.argv[2:3] != ["nocall"]:
+        messages = [{"role": "user", "content": task["prompt"]}]
+        first = chat(messages)
+        messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "again:"}]
+        last = chat(messages)
     print("some log line the agent printed")
     if mode == "fail":
         print("the agent's own error", file=sys.stderr)
@@ -42,8 +47,9 @@ def main() -> None:
     elif mode == "null":
         print("null")
     else:
-        answer = task["answer"]
-        print(json.dumps(sum(a == b for a, b in zip(last.strip(), answer)) / max(len(answer), 1)))
+        answer, last = task["answer"], last.strip()  # tests/collect/gateway_agents.py's dense reward
+        print(json.dumps(sum(a == b for a, b in zip(last, answer)) / max(len(answer), 1)
+                         + sum(map(ord, last)) % 97 / 1000))
 
 
 if __name__ == "__main__":
