@@ -168,12 +168,18 @@ def load_rows(path: str, env_class: str, ground_truth_field: str) -> tuple[SkyRL
         st = os.stat(path)
     except OSError as exc:
         raise ValueError(f"skyrl-gym dataset {path}: {exc.strerror or exc}") from None
-    rows = tuple(r for r in _load(path, st.st_mtime_ns, st.st_size, ground_truth_field)
-                 if r.extras.get("env_class") in (None, env_class))
+    rows = _select(path, st.st_mtime_ns, st.st_size, ground_truth_field, env_class)
     if not rows:
         raise ValueError(f"skyrl-gym dataset {path}: no row of env_class {env_class!r} (the env_class parameter "
                          f"picks another)")
     return rows
+
+
+@functools.lru_cache(maxsize=16)
+def _select(path: str, mtime_ns: int, size: int, ground_truth_field: str, env_class: str) -> tuple[SkyRLRow, ...]:
+    """The rows of one file version for ``env_class`` (an instance is built per episode: this is looked up, once)."""
+    return tuple(r for r in _load(path, mtime_ns, size, ground_truth_field)
+                 if r.extras.get("env_class") in (None, env_class))
 
 
 def _check_params(env_id: str, params: dict[str, Any]) -> None:

@@ -110,6 +110,18 @@ def test_jsonl_rows_work_too_and_bad_rows_are_skipped_with_a_warning(tmp_path):
     assert client.step("#### 9").reward == 1.0
 
 
+def test_aime_reads_its_ground_truth_from_reward_model(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "Compute 2^10. End with 'Answer: N'."}], "env_class": "aime",
+             "reward_model": {"ground_truth": "1024", "style": "rule"}}]
+    data = write_parquet(tmp_path / "aime.parquet", rows)
+    with pytest.raises(ValueError, match="no reward_spec.ground_truth"):  # the default field: every row is bad
+        LocalEnvClient("skyrl_gym:aime", data=data)
+    client = LocalEnvClient("skyrl_gym:aime", data=data, ground_truth_field="reward_model.ground_truth")
+    for text, reward in (("2^10 = 1024\nAnswer: 1024", 1.0), ("Answer: 1000", -1.0), ("1024", -1.0)):
+        client.reset(0)
+        assert client.step(text).reward == reward, text  # aime scores a wrong or unformatted answer -1
+
+
 # ------------------------------------------------------------------------------------------ gsm8k_multi_turn
 
 def test_multi_turn_gsm8k_sums_its_turn_rewards_as_skyrl_does(gsm8k_file):
