@@ -13,15 +13,16 @@ adapter (``openenv``, ``textarena``, ``nemo_gym``, ``harbor``), a local file or 
 (``owner/name[@version]``: the installed ``name`` if there is one, else ``prime env install`` when the ``prime``
 command is on PATH; without it, or with the hub unreachable, the error says so).
 
-What stays local: every seat runs in verifiers' ``subprocess`` runtime with :data:`HARNESS_ID`, verifiers' own
-chat program (its ``null`` harness: chat loop + MCP tools) started with this interpreter instead of a ``uv``
-environment it would download; the interception server binds 127.0.0.1 and no tunnel is opened; a seat pinning
+What stays local: every seat runs in verifiers' ``subprocess`` runtime with :data:`HARNESS_ID`: verifiers' own
+chat program (its ``null`` harness: chat loop + MCP tools) run in this process, on the episode's event loop,
+instead of in a ``uv`` environment it would download; the interception server binds 127.0.0.1 and no tunnel is opened; a seat pinning
 its own endpoint, a remote runtime, a tool server or judge whose URL is not on this machine is refused at load
 unless its host is listed in ``allow_hosts``.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib
 import importlib.util
 import logging
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import traceback
 import types
 import uuid
 from pathlib import Path
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 
 HARNESS_ID = "credo_vf_host_chat"
 """The harness id every seat runs with unless ``spec["harness"]`` names another: verifiers' ``null`` chat
-program run by this Python (no ``uv`` bootstrap, nothing downloaded)."""
+program run in this process (no ``uv`` bootstrap, nothing downloaded, no interpreter start per episode)."""
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0:0:0:0:0:0:0:1"}
 _BUILTIN_TASKSETS = ("openenv", "textarena", "nemo_gym", "harbor")
@@ -63,9 +65,30 @@ class VerifiersEpisodeError(RuntimeError):
 # the host harness: verifiers' chat program without uv
 
 
-class _HostPythonRuntime:
-    """A view of a subprocess runtime whose ``prepare_uv_script`` writes the PEP 723 script into the rollout's
-    working directory and runs it with this interpreter (its dependencies are verifiers' own)."""
+_ARGS: contextvars.ContextVar = contextvars.ContextVar("credo_vf_chat_args")
+_PROGRAM: dict | None = None
+
+
+def _chat_program() -> dict:
+    """verifiers' bundled chat program (``CHAT_PROGRAM_SOURCE``: its ``mcp``, ``compaction`` and ``core`` modules
+    in one namespace, as the script it writes for its ``null`` harness), compiled once in this process; its
+    ``parse_args`` reads the arguments of the calling episode (a context variable) instead of ``sys.argv``."""
+    global _PROGRAM
+    if _PROGRAM is None:
+        from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+
+        ns: dict[str, Any] = {"__name__": "credo_vf_chat_program", "__builtins__": __builtins__}
+        exec(compile(CHAT_PROGRAM_SOURCE, "<verifiers chat program>", "exec"), ns)  # noqa: S102 - verifiers' own
+        ns["argv_parse_args"] = ns["parse_args"]
+        ns["parse_args"] = _ARGS.get
+        _PROGRAM = ns
+    return _PROGRAM
+
+
+class _InProcessRuntime:
+    """A view of a subprocess runtime that runs verifiers' chat program in this process, on the episode's event
+    loop (verifiers' ``Harness.launch`` allows an in-process loop when every model call goes through the
+    interception endpoint): no interpreter start per episode, no ``uv`` environment to download."""
 
     def __init__(self, runtime: Any):
         self._runtime = runtime
@@ -75,10 +98,39 @@ class _HostPythonRuntime:
 
     async def prepare_uv_script(self, script: str | bytes, env: dict | None = None, *,
                                 activate: bool = True) -> list[str]:
-        data = script.encode() if isinstance(script, str) else script
-        name = f".credo-vf-program-{uuid.uuid4().hex[:12]}.py"
-        await self._runtime.write(name, data)
-        return [sys.executable, name]
+        return ["<verifiers chat program>"]
+
+    async def run_program(self, argv: list[str], env: dict[str, str]):
+        from verifiers.v1.runtimes import ProgramResult
+
+        ns = _chat_program()
+        saved = sys.argv
+        try:
+            sys.argv = ["verifiers-chat", *argv[1:]]
+            args = ns["argv_parse_args"]()
+        except SystemExit as e:  # argparse's refusal
+            return ProgramResult(exit_code=int(e.code or 2), stdout="", stderr=f"bad chat program arguments {argv}")
+        finally:
+            sys.argv = saved
+        workdir = getattr(self._runtime, "workdir", None)
+        if args.initial_messages_file and workdir is not None and not os.path.isabs(args.initial_messages_file):
+            args.initial_messages_file = str(Path(workdir) / args.initial_messages_file)
+        token = _ARGS.set(args)
+        try:
+            await ns["main"]()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+            return ProgramResult(exit_code=code, stdout="", stderr=_cause(e))
+        except Exception:  # the program's crash, as its exit status and traceback
+            return ProgramResult(exit_code=1, stdout="", stderr=traceback.format_exc())
+        finally:
+            _ARGS.reset(token)
+        return ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+def _cause(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else ""
 
 
 def _harness_module() -> types.ModuleType:
@@ -91,7 +143,7 @@ def _harness_module() -> types.ModuleType:
     from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE, launch_chat_program
 
     class CredoHostChatHarness(NullHarness):
-        """verifiers' ``null`` harness (chat loop with the task's MCP tools) run by the host interpreter."""
+        """verifiers' ``null`` harness (chat loop with the task's MCP tools), its program run in-process."""
 
         async def setup(self, runtime: Any) -> None:
             if getattr(runtime, "type", None) != "subprocess":
@@ -103,10 +155,11 @@ def _harness_module() -> types.ModuleType:
             system_prompt, prompt = self.resolve_prompt(data)
             extra = [f"--tool-interception-url={tool_interception_url}"] if tool_interception_url else []
             return await launch_chat_program(CHAT_PROGRAM_SOURCE, self.config, ctx, trace,
-                                             _HostPythonRuntime(runtime), endpoint, secret, mcp_urls,
+                                             _InProcessRuntime(runtime), endpoint, secret, mcp_urls,
                                              system_prompt, prompt, extra_args=extra)
 
-    module = types.ModuleType(HARNESS_ID, "credo's host chat harness for verifiers (credo.gateway.verifiers_env)")
+    module = types.ModuleType(HARNESS_ID, "credo's in-process chat harness for verifiers "
+                                          "(credo.gateway.verifiers_env)")
     module.__spec__ = importlib.util.spec_from_loader(HARNESS_ID, loader=None)
     CredoHostChatHarness.__module__ = HARNESS_ID
     module.CredoHostChatHarness = CredoHostChatHarness

@@ -277,3 +277,46 @@ def test_failed_episode_raises(fake):
 
     with pytest.raises(VerifiersEpisodeError, match="verifiers episode failed"):
         _run(agent, row, _client(fake(broken)))
+
+
+# -- (c) through credo train ---------------------------------------------------------------------------------
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_credo_train_on_a_verifiers_env_with_a_judge(tmp_path, fake):
+    """`credo train` with rollout.collector.type=gateway and the single-turn env, scored by its exact-match reward,
+    a plugged reward function (has_digit) and verifiers' reference judge (on a fake endpoint on 127.0.0.1 that says
+    yes when the graded reply holds a digit of the answer): both steps run, no episode fails, rewards are recorded
+    and differ within groups, no log-prob guard trips."""
+    import re
+
+    from credo.cli.main import main
+
+    def judge(body):
+        text = _user_text(body)
+        answer = str(sum(map(int, re.search(r"What is (\d+) \+ (\d+)", text).groups())))
+        reply = text.split("Response:", 1)[1].split("Respond either", 1)[0]
+        return {"content": "yes" if any(c in reply for c in answer) else "no"}
+
+    judge_server = fake(judge)
+    run_dir = tmp_path / "run"
+    args = [
+        "model.hidden_size=32", "model.intermediate_size=64", "task.train_size=4", "task.eval_size=2",
+        "rollout.group_size=4", "train.prompts_per_step=2", "rollout.max_new_tokens=8", "warm_start.steps=0",
+        "train.steps=2", "train.threads=1", "rollout.temperature=1.0",
+        "rollout.collector.type=gateway", "rollout.collector.verifiers.env=vf_single",
+        "rollout.collector.verifiers.args.task.rewards.has_digit.fn=vf_single:has_digit",
+        f"rollout.collector.verifiers.args.task.judges=[{{id: reference, base_url: '{judge_server.url}', "
+        "model: judge, api_key_var: CREDO_TEST_JUDGE_KEY}]",
+    ]
+    assert main(["-q", "train", "--run-dir", str(run_dir), *args]) == 0
+    steps = [m for m in _metrics(run_dir) if "gateway/episodes" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["gateway/episodes"] == 8 and m["gateway/failed_episodes"] == 0 for m in steps)
+    assert all(0.0 <= m["reward/min"] <= m["reward/max"] <= 3.0 for m in steps)
+    assert max(m["reward/max"] for m in steps) > 0 and min(m["frac_reward_zero_std"] for m in steps) < 1
+    assert all(m.get(f"guard/{g}_trips", 0) == 0 for m in steps for g in ("first_ratio", "finite_logprobs"))
+    assert judge_server.requests and {r["body"]["model"] for r in judge_server.requests} == {"judge"}

@@ -34,3 +34,9 @@ class SumTaskset(vf.Taskset[SumTask, SumConfig]):
 
 
 __all__ = ["SumTaskset"]
+
+
+async def has_digit(task, trace) -> float:
+    """A reward to plug through ``args.task.rewards`` (verifiers' plugged functions): 1 when the reply holds a
+    digit, so a random tiny policy's episodes of one prompt differ (credo train's test)."""
+    return 1.0 if any(c.isdigit() for c in trace.last_reply) else 0.0
