@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 
@@ -14,23 +14,19 @@ from credo.gateway.capture import CallRecord
 from credo.gateway.protocol import GatewayError
 from credo.gateway.scheduler import Job
 
-if TYPE_CHECKING:
-    from credo.gateway.server import Gateway
-
 log = logging.getLogger(__name__)
 
 
-def build_app(gw: "Gateway") -> Any:
+def build_app(gw: Any) -> Any:
+    """The FastAPI app of ``gw`` (a credo.gateway.server.Gateway; not imported here: the server imports this)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, StreamingResponse
-
-    from credo.gateway.server import bearer
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     model = {"id": gw.model_name, "object": "model", "created": int(time.time()), "owned_by": "credo"}
 
     async def answer(request: Request, handler) -> Any:
-        key = bearer(request.headers.raw)
+        key = P.bearer(request.headers.raw)
         try:
             payload, stream = await handler(gw, key, await request.body())
         except GatewayError as exc:
@@ -73,7 +69,7 @@ def build_app(gw: "Gateway") -> Any:
     return app
 
 
-async def chat_completion(gw: "Gateway", key: str | None, raw: bytes) -> tuple[Any, bool]:
+async def chat_completion(gw: Any, key: str | None, raw: bytes) -> tuple[Any, bool]:
     """(the answer or its stream chunks, whether to stream) of one chat call; records it."""
     t0 = time.monotonic()
     ep = gw.episode(key or "")
@@ -115,7 +111,7 @@ async def chat_completion(gw: "Gateway", key: str | None, raw: bytes) -> tuple[A
     return P.chat_answer(cid, gw.model_name, content, calls, finish, use, logprobs), False
 
 
-async def text_completion(gw: "Gateway", key: str | None, raw: bytes) -> tuple[Any, bool]:
+async def text_completion(gw: Any, key: str | None, raw: bytes) -> tuple[Any, bool]:
     """(the answer or its stream chunks, whether to stream) of one ``/v1/completions`` call; records it."""
     from credo.models.tokenizer import encode_prompt
 
@@ -140,5 +136,5 @@ async def text_completion(gw: "Gateway", key: str | None, raw: bytes) -> tuple[A
     return P.completion_answer(cid, gw.model_name, text, res.finish_reason, use, logprobs), False
 
 
-def _tokens(gw: "Gateway", ids: list[int]) -> list[str]:
+def _tokens(gw: Any, ids: list[int]) -> list[str]:
     return [gw.tokenizer.decode([i]) for i in ids]

@@ -58,6 +58,15 @@ class CompletionRequest:
     extra: dict = field(default_factory=dict)
 
 
+def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            text = value.decode("latin-1").strip()
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip()
+    return None
+
+
 def load_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw)

@@ -392,15 +392,6 @@ def new_key() -> str:
     return "ep-" + secrets.token_urlsafe(24)
 
 
-def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
-    for name, value in headers:
-        if name.lower() == b"authorization":
-            text = value.decode("latin-1").strip()
-            if text[:7].lower() == "bearer ":
-                return text[7:].strip()
-    return None
-
-
 class _KeyCheck:
     """ASGI middleware: a request under ``/v1/`` without an accepted key is answered 401 before its body is
     read (the completion endpoints accept an open episode's key; ``/v1/models`` also the operator token)."""
@@ -410,7 +401,7 @@ class _KeyCheck:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            key = bearer(scope.get("headers", []))
+            key = P.bearer(scope.get("headers", []))
             completion = not scope["path"].startswith("/v1/models")
             error = self.gateway.auth(key, completion=completion)
             if error is not None:
