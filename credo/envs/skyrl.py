@@ -41,7 +41,7 @@ PREFIX = "skyrl_gym:"
 
 # parameter defaults (rollout.collector.env_params.<skyrl_gym:id>); check_env_params checks the kinds
 PARAMS: dict[str, Any] = {
-    "data": None,  # JSONL / Parquet file (or a datasets directory) of SkyRL rows: the training tasks (required)
+    "data": None,  # JSONL / Parquet file of SkyRL rows: the training tasks (required)
     "eval_data": None,  # the held-out tasks; None = the rows of data
     "env_class": None,  # the rows used: those whose env_class column is this (None = the environment's id) or unset
     # a field every row must have (a row without is skipped as a bad row); aime's rows: reward_model.ground_truth;
@@ -70,6 +70,7 @@ class SkyRLRow:
     """One task: the prompt's messages and the ``extras`` skyrl_gym.make receives (the row's other columns)."""
 
     messages: tuple[dict[str, str], ...]
+    env_class: str | None
     extras: dict[str, Any]
     where: str  # file:row, for messages
 
@@ -135,7 +136,9 @@ def _row(raw: Any, where: str, ground_truth_field: str) -> SkyRLRow | str:
             return f"no {ground_truth_field}"
     messages = tuple({"role": m["role"], "content": m["content"]} for m in prompt)
     split_prompt(list(messages), where)  # the layout is checked once, at load (ValueError: not a bad row, a limit)
-    return SkyRLRow(messages, {k: v for k, v in raw.items() if k != "prompt"}, where)
+    env_class = raw.get("env_class")
+    return SkyRLRow(messages, env_class if isinstance(env_class, str) else None,
+                    {k: v for k, v in raw.items() if k not in ("prompt", "env_class")}, where)
 
 
 @functools.lru_cache(maxsize=16)
@@ -179,7 +182,7 @@ def load_rows(path: str, env_class: str, ground_truth_field: str) -> tuple[SkyRL
 def _select(path: str, mtime_ns: int, size: int, ground_truth_field: str, env_class: str) -> tuple[SkyRLRow, ...]:
     """The rows of one file version for ``env_class`` (an instance is built per episode: this is looked up, once)."""
     return tuple(r for r in _load(path, mtime_ns, size, ground_truth_field)
-                 if r.extras.get("env_class") in (None, env_class))
+                 if r.env_class in (None, env_class))
 
 
 def _check_params(env_id: str, params: dict[str, Any]) -> None:
