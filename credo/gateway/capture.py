@@ -57,12 +57,13 @@ class EpisodeRecord:
         return stitch(self.calls)
 
     def summary(self) -> dict[str, Any]:
-        """Counts for metrics: calls, refused calls, segments, prompt / completion tokens, and the split reasons."""
+        """Counts for metrics: calls, refused calls, segments, prompt / completion tokens, the split reasons and
+        their kinds ("branched" / "diverged", :func:`stitch`)."""
         segs = self.segments()
         return {"calls": len(self.calls), "refused": len(self.refused), "segments": len(segs),
                 "prompt_tokens": sum(len(c.prompt_ids) for c in self.calls),
                 "completion_tokens": sum(len(c.completion_ids) for c in self.calls),
-                "splits": [s.reason for s in segs[1:]]}
+                "splits": [s.reason for s in segs[1:]], "split_kinds": [s.split for s in segs[1:]]}
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Segment:
     logprobs: list[float] = field(default_factory=list)  # 0.0 where the mask is 0
     calls: list[int] = field(default_factory=list)  # indices of the calls in it, in order
     reason: str = "first call"  # why this segment starts (a split's reason for every segment after the first)
+    split: str = ""  # the kind of split that started it: "" (the first segment), "branched" or "diverged"
 
     @property
     def ids(self) -> list[int]:
@@ -115,25 +117,27 @@ def stitch(calls: list[CallRecord]) -> list[Segment]:
         if best is not None:
             best._extend(i, call)
             continue
-        seg = Segment(prompt_ids=prompt, reason=_split_reason(i, prompt, segments))
+        reason, kind = _split_reason(i, prompt, segments)
+        seg = Segment(prompt_ids=prompt, reason=reason, split=kind)
         seg._extend(i, call)
         segments.append(seg)
     return segments
 
 
-def _split_reason(index: int, prompt: list[int], segments: list[Segment]) -> str:
-    """Why call ``index`` starts a new segment (the first segment's reason is "first call")."""
+def _split_reason(index: int, prompt: list[int], segments: list[Segment]) -> tuple[str, str]:
+    """(why call ``index`` starts a new segment, the split's kind): "first call" and "" for the first segment;
+    "branched" when its prompt is a prefix of a segment's ids (the agent resent or branched from an earlier
+    context); "diverged" when its prompt differs from every segment's ids at some token (the conversation was not
+    sent back as the engine produced it). The segment named is the one sharing the most leading ids (the latest
+    on a tie)."""
     if not segments:
-        return "first call"
-    shared = [(_common_prefix(prompt, s.ids), j) for j, s in enumerate(segments)]
-    n, j = max(shared)
+        return "first call", ""
+    n, j = max((_common_prefix(prompt, s.ids), j) for j, s in enumerate(segments))
     seg = segments[j]
     total = len(seg.ids)
-    if n == total:  # cannot happen (it would extend); kept for completeness
-        return f"call {index}: extends segment {j}"
     if n == len(prompt):
         return (f"call {index}: its prompt ({len(prompt)} tokens) is a prefix of segment {j} (calls {seg.calls}, "
-                f"{total} tokens): the agent resent or branched from an earlier context")
-    after = seg.calls[-1]
+                f"{total} tokens): the agent resent or branched from an earlier context", "branched")
     return (f"call {index}: its prompt differs from segment {j} (calls {seg.calls}, {total} tokens) at token {n} "
-            f"(of {len(prompt)}): the conversation after call {after} was not sent back as the engine produced it")
+            f"(of {len(prompt)}): the conversation after call {seg.calls[-1]} was not sent back as the engine "
+            "produced it", "diverged")

@@ -35,6 +35,7 @@ def test_a_call_that_diverges_starts_a_second_segment_and_says_where():
     assert (s0.calls, s1.calls) == ([0], [1])
     assert s1.prompt_ids == [1, 2, 3, 4, 9, 6] and s1.response_ids == [7] and s1.response_mask == [1]
     assert "call 1" in s1.reason and "segment 0" in s1.reason and "at token 4" in s1.reason
+    assert (s0.split, s1.split) == ("", "diverged")
 
 
 def test_two_calls_on_the_same_context_cannot_share_it():
@@ -46,6 +47,7 @@ def test_two_calls_on_the_same_context_cannot_share_it():
     assert [s.calls for s in segs] == [[0, 1], [2], [3]]
     assert "at token 3" in segs[1].reason
     assert "is a prefix of segment 1" in segs[2].reason  # ties (2 shared tokens with both): the latest segment
+    assert [s.split for s in segs] == ["", "diverged", "branched"]
 
 
 def test_a_call_joins_the_longest_segment_it_extends():
@@ -69,4 +71,4 @@ def test_episode_summary_counts_segments_and_splits():
     # tokens: prompts 1 + 3 + 1 = 5, completions 1 + 1 + 2 = 4
     assert s["calls"] == 3 and s["refused"] == 1 and s["segments"] == 2
     assert s["prompt_tokens"] == 5 and s["completion_tokens"] == 4
-    assert len(s["splits"]) == 1 and s["splits"][0].startswith("call 2:")
+    assert len(s["splits"]) == 1 and s["splits"][0].startswith("call 2:") and s["split_kinds"] == ["diverged"]
