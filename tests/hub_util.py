@@ -43,3 +43,48 @@ def add_model_dir(cache: Path, repo_id: str, model_dir: Path, **kw) -> str:
     """Every file of a saved model directory (``save_model``) as one commit of ``repo_id``."""
     files = {str(p.relative_to(model_dir)): p for p in sorted(Path(model_dir).rglob("*")) if p.is_file()}
     return add_snapshot(cache, repo_id, files, **kw)
+
+
+def parquet_bytes(rows: list[dict]) -> bytes:
+    """``rows`` as one Parquet file's bytes."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    return buf.getvalue()
+
+
+def dataset_card(subset: str, splits: list[str]) -> bytes:
+    """A dataset card whose ``configs`` name ``subset`` and its splits' Parquet files (``SUBSET/SPLIT-*``), as the
+    hub's Parquet datasets (openai/gsm8k) have: what ``datasets`` reads to find a subset in a snapshot."""
+    files = "".join(f"  - split: {s}\n    path: {subset}/{s}-*\n" for s in splits)
+    return f"---\nconfigs:\n- config_name: {subset}\n  data_files:\n{files}---\n# test dataset\n".encode()
+
+
+def add_dataset(cache: Path, repo_id: str, splits: dict[str, list[dict]], *, subset: str = "main", **kw) -> str:
+    """A Parquet dataset repository (card + ``SUBSET/SPLIT-00000-of-00001.parquet``) as one commit."""
+    files: dict[str, bytes | Path] = {"README.md": dataset_card(subset, list(splits))}
+    files.update({f"{subset}/{s}-00000-of-00001.parquet": parquet_bytes(rows) for s, rows in splits.items()})
+    return add_snapshot(cache, repo_id, files, repo_type="dataset", **kw)
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def save_tiny_model(out: Path, *, seed: int = 0, max_position_embeddings: int = 64, chat: bool = False) -> Path:
+    """A tiny Qwen2 policy (tests/conftest.py's sizes) saved as a Hugging Face directory; ``chat``: its tokenizer
+    gets a small chat template (as an instruct model's)."""
+    from credo.config import ModelConfig
+    from credo.models import build_model, save_model
+
+    cfg = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                      max_position_embeddings=max_position_embeddings)
+    model, tok = build_model(cfg, seed=seed)
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    save_model(model, tok, out)
+    return out
