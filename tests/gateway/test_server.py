@@ -400,3 +400,48 @@ def test_gateway_stop_refuses_new_calls():
     with pytest.raises(openai.APIConnectionError):
         openai.OpenAI(base_url=url, api_key=c.api_key, max_retries=0, timeout=5).models.list()
     assert not any(t.is_alive() for t in threads)
+
+
+def test_a_template_that_rewrites_past_turns_still_stitches():
+    """Qwen3-style: a past assistant turn loses its <think> block when re-rendered; the sampled ids are kept."""
+    from credo.gateway.protocol import parse_messages
+    from tests.tools.tool_templates import THINK_STRIPPING
+
+    tok = chat_tokenizer(THINK_STRIPPING)
+    engine = ScriptedEngine(tok, ["<think>greet back</think>Hi!", "Bye."], end=tok.convert_tokens_to_ids("<|im_end|>"))
+    with Gateway(engine, tok, sampling=SamplingParams(max_new_tokens=100), limits=GatewayLimits(batch_wait_s=0.0)) \
+            as gw:
+        c = gw.open_episode("think")
+        client = c.openai()
+        msgs = [{"role": "user", "content": "Hello"}]
+        r = client.chat.completions.create(model="m", messages=msgs)
+        assert r.choices[0].message.content == "<think>greet back</think>Hi!"
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "ok"}]
+        client.chat.completions.create(model="m", messages=msgs)
+        rec = gw.close_episode(c)
+        [seg] = stitch(rec.calls)
+        assert seg.calls == [0, 1] and rec.calls[1].reused_call == 0
+        assert "<think>" not in tok.decode(gw.renderer.render(parse_messages(msgs), []))  # what a plain render gives
+
+
+def test_qwen3_coder_calls_round_trip():
+    """Qwen3-Coder's XML calls (tool_parser=qwen3_coder); parameter values converted by the tool's schema."""
+    from tests.tools.tool_templates import QWEN3_CODER
+
+    tok = chat_tokenizer(QWEN3_CODER)
+    xml = ("<tool_call>\n<function=add>\n<parameter=a>\n3\n</parameter>\n<parameter=b>\n4\n</parameter>\n"
+           "</function>\n</tool_call>")
+    engine = ScriptedEngine(tok, [xml, "7"], end=tok.convert_tokens_to_ids("<|im_end|>"))
+    with Gateway(engine, tok, sampling=SamplingParams(max_new_tokens=300), tool_parser="qwen3_coder",
+                 limits=GatewayLimits(batch_wait_s=0.0)) as gw:
+        c = gw.open_episode("coder")
+        client = c.openai()
+        msgs = [{"role": "user", "content": "3+4?"}]
+        r = client.chat.completions.create(model="m", messages=msgs, tools=[ADD])
+        [tc] = r.choices[0].message.tool_calls
+        assert json.loads(tc.function.arguments) == {"a": 3, "b": 4}  # integers, as the schema says
+        msgs += [r.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": tc.id, "content": "7"}]
+        client.chat.completions.create(model="m", messages=msgs, tools=[ADD])
+        rec = gw.close_episode(c)
+        assert [s.calls for s in stitch(rec.calls)] == [[0, 1]] and rec.calls[1].reused_call == 0
