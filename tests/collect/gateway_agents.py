@@ -43,19 +43,19 @@ def run_tool(name: str, arguments: str) -> str:
 def openai_tools(task: dict, client, max_tokens: int | None = MAX_TOKENS) -> float:
     """A tool loop as written against the ``openai`` client: offer ``rev``, run the calls the model makes, send
     their results back, and score the final answer."""
-    oa = client.openai()
     messages: list[dict] = [{"role": "user", "content": task["prompt"]}]
     cap = {"max_tokens": max_tokens} if max_tokens else {}
-    for _ in range(3):
-        resp = oa.chat.completions.create(model=client.model, messages=messages, tools=TOOLS, tool_choice="auto",
-                                          **cap)
-        msg = resp.choices[0].message
-        if not msg.tool_calls:
-            return dense(msg.content, task["answer"])
-        messages.append(msg.model_dump(exclude_none=True))
-        for call in msg.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": run_tool(call.function.name, call.function.arguments)})
+    with client.openai() as oa:
+        for _ in range(3):
+            resp = oa.chat.completions.create(model=client.model, messages=messages, tools=TOOLS,
+                                              tool_choice="auto", **cap)
+            msg = resp.choices[0].message
+            if not msg.tool_calls:
+                return dense(msg.content, task["answer"])
+            messages.append(msg.model_dump(exclude_none=True))
+            for call in msg.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": run_tool(call.function.name, call.function.arguments)})
     return 0.0
 
 
@@ -66,12 +66,12 @@ def openai_tools_uncapped(task: dict, client) -> float:
 
 async def openai_async(task: dict, client) -> dict:
     """The async client, two turns (the second asks again); reward components (summed)."""
-    oa = client.async_openai()
     messages: list[dict] = [{"role": "user", "content": task["prompt"]}]
-    first = await oa.chat.completions.create(model=client.model, messages=messages, max_tokens=MAX_TOKENS)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-                 {"role": "user", "content": "again:"}]
-    second = await oa.chat.completions.create(model=client.model, messages=messages, max_tokens=MAX_TOKENS)
+    async with client.async_openai() as oa:
+        first = await oa.chat.completions.create(model=client.model, messages=messages, max_tokens=MAX_TOKENS)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                     {"role": "user", "content": "again:"}]
+        second = await oa.chat.completions.create(model=client.model, messages=messages, max_tokens=MAX_TOKENS)
     return {"first": 0.5 * dense(first.choices[0].message.content, task["answer"]),
             "second": 0.5 * dense(second.choices[0].message.content, task["answer"])}
 
@@ -89,10 +89,11 @@ async def agents_sdk(task: dict, client) -> float:
         """Reverse a string."""
         return s[::-1]
 
-    model = OpenAIChatCompletionsModel(model=client.model, openai_client=client.async_openai())
-    agent = Agent(name="reverser", instructions="rev", model=model, tools=[rev],
-                  model_settings=ModelSettings(max_tokens=MAX_TOKENS))
-    result = await Runner.run(agent, task["prompt"], max_turns=3)
+    async with client.async_openai() as oa:
+        model = OpenAIChatCompletionsModel(model=client.model, openai_client=oa)
+        agent = Agent(name="reverser", instructions="rev", model=model, tools=[rev],
+                      model_settings=ModelSettings(max_tokens=MAX_TOKENS))
+        result = await Runner.run(agent, task["prompt"], max_turns=3)
     return dense(str(result.final_output), task["answer"])
 
 
@@ -124,8 +125,9 @@ def langgraph_react(task: dict, client) -> float:
 # ----------------------------------------------------------------------------- faults
 
 def raises(task: dict, client) -> float:
-    client.openai().chat.completions.create(model=client.model, messages=[{"role": "user", "content": task["prompt"]}],
-                                            max_tokens=MAX_TOKENS)
+    with client.openai() as oa:
+        oa.chat.completions.create(model=client.model, messages=[{"role": "user", "content": task["prompt"]}],
+                                   max_tokens=MAX_TOKENS)
     raise RuntimeError("the agent's own bug")
 
 
@@ -159,8 +161,9 @@ def silent(task: dict, client) -> float:
 
 def verifier_scores(task: dict, client) -> None:
     """Answers once and leaves the scoring to the run's verifier (None)."""
-    client.openai().chat.completions.create(model=client.model, messages=[{"role": "user", "content": task["prompt"]}],
-                                            max_tokens=MAX_TOKENS)
+    with client.openai() as oa:
+        oa.chat.completions.create(model=client.model, messages=[{"role": "user", "content": task["prompt"]}],
+                                   max_tokens=MAX_TOKENS)
     return None
 
 

@@ -242,7 +242,7 @@ def test_command_agent_reward_from_its_stdout(tmp_path):
     code, run = train(tmp_path, "cmdscore", f"rollout.collector.command='{CMD} score'")
     assert code == 0
     (m,) = assert_trained_on_policy(run, 1)
-    assert m["reward/mean"] == m["gateway/reward_mean"]
+    assert m["reward/mean"] == pytest.approx(m["gateway/reward_mean"])  # one segment per episode
 
 
 def _script_tool_call(monkeypatch):
@@ -318,8 +318,8 @@ class _Source:
                  "info": {"k": i}} for i in range(min(size, self.n))]
 
     async def __call__(self, task: dict, client) -> float:
-        oa = client.async_openai()
-        resp = await oa.chat.completions.create(model=client.model, messages=task["prompt"], max_tokens=6)
+        async with client.async_openai() as oa:
+            resp = await oa.chat.completions.create(model=client.model, messages=task["prompt"], max_tokens=6)
         text = resp.choices[0].message.content or ""
         return float(task["answer"] in text) + sum(map(ord, text)) % 89 / 1000
 
