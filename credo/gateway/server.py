@@ -37,12 +37,18 @@ unknown or closed key: 401). What is honoured of a request and what is not:
 Faults are answered in OpenAI's error format ``{"error": {"message", "type", "code"}}``: 400 for a malformed or
 invalid request (never a 500), 401 for a missing / unknown / closed key, 400 with code ``episode_limit`` past the
 episode's call or token budget or its deadline (no client retries a 400: a retry could never succeed), 413 / 408
-for a body over the size cap / too slow (credo.http_server's bounds, :attr:`GatewayLimits.server`).
+for a body over the size cap / too slow (credo.http_server's bounds, :attr:`GatewayLimits.server`), 500 with code
+``engine_error`` when the engine failed a batch, 503 once the gateway is stopping.
+
+Prompts: the messages rendered with the chat template, an episode's earlier answers' sampled ids substituted where
+the agent sends them back (credo.gateway.render); what is recorded and how calls are stitched into trajectories:
+credo.gateway.capture.
 
 Generation: one scheduler thread owns the engine (it is not thread-safe): it takes the pending calls (up to
 ``concurrency``, waiting ``batch_wait_s`` for more once one arrives), groups them by their stop strings and calls
-``engine.continue_ids`` once per group. Nothing is cached across calls or episodes: the trainer updates the
-engine's weights between steps and every call samples from the weights served at that moment.
+``engine.continue_ids`` once per group. No output is cached: every call samples from the weights the engine serves
+at that moment (the trainer updates them between steps), and an episode's remembered ids are dropped when it
+closes.
 """
 from __future__ import annotations
 
@@ -142,6 +148,8 @@ class Gateway:
         """Serve in a background thread (uvicorn, credo.http_server's bounds) and start the scheduler thread;
         returns the base URL ``http://HOST:PORT/v1``. Idempotent."""
         if self._url is not None:
+            if self._server is None:
+                raise RuntimeError("this gateway was stopped; a stopped gateway does not start again (build a new one)")
             return self._url
         import uvicorn
 

@@ -400,6 +400,8 @@ def test_gateway_stop_refuses_new_calls():
     with pytest.raises(openai.APIConnectionError):
         openai.OpenAI(base_url=url, api_key=c.api_key, max_retries=0, timeout=5).models.list()
     assert not any(t.is_alive() for t in threads)
+    with pytest.raises(RuntimeError, match="stopped"):
+        gw.start()
 
 
 def test_a_template_that_rewrites_past_turns_still_stitches():
