@@ -104,7 +104,8 @@ class GatewayCollectorConfig:
                               "CREDO_TASK (the task row as JSON) in its environment; the last line of its stdout is "
                               "the reward as JSON: a number, a dict of components, or null (the verifier scores)")
     verifiers: dict | None = opt(None, "a verifiers environment: {env: <module, installed package or hub id>, "
-                                 "args: {...}}; its own task rows and rubric (reward) replace task.*")
+                                 "args: {...}} and the adapter's other keys (docs/bring-your-own.md); its own task "
+                                 "rows and rubric (reward) replace task.*")
     concurrency: int = opt(16, "episodes running at once", min=1)
     episode_timeout_s: float = opt(300.0, "deadline of one episode: an agent still running then is a failed episode "
                                    "(its later calls are refused)", min=0.01)
@@ -320,9 +321,9 @@ def validate_gateway(cfg) -> None:
     if g.verifiers is not None:
         v = g.verifiers
         if not isinstance(v, dict) or not isinstance(v.get("env"), str) or not v["env"] \
-                or not set(v) <= {"env", "args"} or not isinstance(v.get("args", {}), dict):
+                or not isinstance(v.get("args") or {}, dict):
             raise ConfigError(f"rollout.collector.verifiers: expected {{env: <module, package or hub id>, args: "
-                              f"{{...}}}}, got {v!r}")
+                              f"{{...}}, ...}} (credo.gateway.verifiers_env), got {v!r}")
         if cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
             raise ConfigError("warm_start.steps: a verifiers environment brings no demonstrations to imitate; set "
                               "warm_start.steps=0 (or start from a model trained elsewhere: model.path)")

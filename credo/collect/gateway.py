@@ -73,7 +73,7 @@ def row_example(row: dict, index: int, split: str, name: str) -> Example:
         raise TypeError(f"{name}: {split} row {index} is a {type(row).__name__}, not a dict")
     prompt = row.get("prompt", "")
     return Example(prompt=prompt if isinstance(prompt, str) else json.dumps(prompt, default=str),
-                   answer=str(row.get("answer", "")), uid=str(row.get("uid", f"{name}/{split}/{index}")),
+                   answer="" if row.get("answer") is None else str(row["answer"]), uid=str(row.get("uid", f"{name}/{split}/{index}")),
                    meta={ROW_KEY: row})
 
 
@@ -200,8 +200,9 @@ def trajectories(ep: Episode, tokenizer, group_id: int, version: int) -> list[Tr
 
 
 def split_kind(reason: str) -> str:
-    """A split reason (credo.gateway.capture) as a metric name: ``branched`` (the agent resent or branched from an
-    earlier context), ``diverged`` (it did not send the conversation back as the engine produced it), ``other``."""
+    """A split reason (credo.gateway.capture) as a metric name, where the record gives no ``split_kinds``:
+    ``branched`` (the agent resent or branched from an earlier context), ``diverged`` (it did not send the
+    conversation back as the engine produced it), ``other``."""
     if "resent or branched" in reason:
         return "branched"
     if "not sent back" in reason:
@@ -216,7 +217,7 @@ def episode_metrics(episodes: list[Episode], prefix: str = "gateway") -> dict[st
     failed = Counter(ep.failure for ep in episodes if ep.failure)
     summaries = [ep.record.summary() for ep in episodes if ep.record is not None]
     with_calls = [s for s in summaries if s["calls"]]
-    splits = Counter(split_kind(r) for s in with_calls for r in s["splits"])
+    splits = Counter(k for s in with_calls for k in s.get("split_kinds") or map(split_kind, s["splits"]))
     rewards = [ep.result.score for ep in episodes if ep.result is not None and not ep.failure]
     out = {f"{prefix}/episodes": float(len(episodes)), f"{prefix}/failed_episodes": float(sum(failed.values())),
            f"{prefix}/failed_share": sum(failed.values()) / n,

@@ -202,6 +202,7 @@ def test_a_mostly_failed_step_stops_the_run_and_a_few_failures_warn(caplog):
     (["rollout.collector.command=''"], "expected a command line"),
     (["rollout.collector.command=\"python 'x\""], "No closing quotation"),
     (["rollout.collector.verifiers={args: {}}"], "expected {env:"),
+    (["rollout.collector.verifiers={env: x, args: [1]}", "warm_start.steps=0"], "expected {env:"),
     (["rollout.collector.verifiers={env: x}"], "warm_start.steps: a verifiers environment"),
     (["rollout.collector.verifiers={env: x}", "warm_start.steps=0", "rollout.collector.reward_from=verifier"],
      "reward_from=verifier"),
