@@ -347,27 +347,30 @@ def _load_env(config):
 
 
 class _LoopEnv:
-    """One Env per event loop, serving (interception server, shared tool servers) while episodes run on it."""
+    """An Env serving (its interception server, the taskset's shared tool servers) on one event loop while
+    episodes run there: entered by the first episode, left by the last (the collector runs each step on a loop of
+    its own)."""
 
     def __init__(self, env):
         self.env = env
-        self.active = 0
+        self.active = 0  # episodes inside serving
+        self.claims = 0  # episodes holding this entry (claimed before entering, released after leaving)
         self.lock = asyncio.Lock()
-        self.stack: Any = None
+        self.serving: Any = None
 
     async def enter(self) -> None:
         async with self.lock:
             if self.active == 0:
                 cm = self.env.serving()
                 await cm.__aenter__()
-                self.stack = cm
+                self.serving = cm
             self.active += 1
 
     async def leave(self) -> None:
         async with self.lock:
             self.active -= 1
-            if self.active == 0 and self.stack is not None:
-                cm, self.stack = self.stack, None
+            if self.active == 0 and self.serving is not None:
+                cm, self.serving = self.serving, None
                 await cm.__aexit__(None, None, None)
 
 
@@ -395,7 +398,10 @@ class VerifiersEnvAgent:
             _check_local(self.eval_config, self._eval_env, self.allow_hosts)
         self.name = self.config.env_id
         self._tasks: dict[str, Any] = {}
-        self._loop_envs: dict[Any, _LoopEnv] = {}
+        # an Env serves on one event loop at a time (its serving resources are its attributes): per split, the Envs
+        # serving now, by loop, and the idle ones
+        self._serving: dict[tuple[Any, str], _LoopEnv] = {}
+        self._idle: dict[str, list] = {"train": [self.env], "eval": [self._eval_env] if self._eval_env else []}
         self._lock = threading.Lock()
 
     # -- rows ---------------------------------------------------------------------------------------------
@@ -454,16 +460,26 @@ class VerifiersEnvAgent:
 
     # -- one episode ----------------------------------------------------------------------------------------
 
-    def _loop_env(self, split: str) -> _LoopEnv:
-        loop = asyncio.get_running_loop()
-        key = (loop, split if self._eval_env is not None else "train")
+    def _enter_env(self, split: str) -> _LoopEnv:
+        split = split if split == "eval" and self._eval_env is not None else "train"
+        key = (asyncio.get_running_loop(), split)
         with self._lock:
-            entry = self._loop_envs.get(key)
+            entry = self._serving.get(key)
             if entry is None:
-                config = self.eval_config if key[1] == "eval" else self.config
-                entry = _LoopEnv(self.env if not self._loop_envs and key[1] == "train" else _load_env(config))
-                self._loop_envs[key] = entry
+                idle = self._idle[split]
+                env = idle.pop() if idle else _load_env(self.eval_config if split == "eval" else self.config)
+                entry = self._serving[key] = _LoopEnv(env)
+            entry.claims += 1
             return entry
+
+    def _release_env(self, split: str, entry: _LoopEnv) -> None:
+        split = split if split == "eval" and self._eval_env is not None else "train"
+        key = (asyncio.get_running_loop(), split)
+        with self._lock:
+            entry.claims -= 1
+            if entry.claims == 0 and self._serving.get(key) is entry:
+                del self._serving[key]
+                self._idle[split].append(entry.env)
 
     async def __call__(self, task: dict, client: AgentClient) -> dict[str, float]:
         """Run one verifiers episode of ``task`` against ``client`` and return its rewards."""
@@ -472,7 +488,8 @@ class VerifiersEnvAgent:
         from verifiers.v1.types import SamplingConfig
 
         vf_task = self._task_of(task)
-        entry = self._loop_env(task.get("vf_split", "train"))
+        split = task.get("vf_split", "train")
+        entry = self._enter_env(split)
         # verifiers reads an endpoint's key from an environment variable; one per episode (the key scopes the
         # episode's calls); "API_KEY" in the name keeps it out of the subprocess runtime's environment.
         key_var = f"CREDO_VF_API_KEY_{uuid.uuid4().hex}"
@@ -483,11 +500,14 @@ class VerifiersEnvAgent:
                 client=EvalClientConfig(base_url=client.base_url, api_key_var=key_var,
                                         timeout={"connect": 30.0, "read": client.timeout_s}),
                 sampling=SamplingConfig.model_validate(self.spec.get("sampling") or {}))
-            await entry.enter()
             try:
-                episode = await entry.env.run_episode(vf_task, ctx)
+                await entry.enter()
+                try:
+                    episode = await entry.env.run_episode(vf_task, ctx)
+                finally:
+                    await entry.leave()
             finally:
-                await entry.leave()
+                self._release_env(split, entry)
         finally:
             os.environ.pop(key_var, None)
         return episode_rewards(episode)

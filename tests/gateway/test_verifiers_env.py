@@ -222,14 +222,26 @@ def test_multi_turn_tool_env(fake):
     from credo.gateway.verifiers_env import load_environment_agent
 
     agent = load_environment_agent({"env": "vf_tool", "max_turns": 4})
-    rows = agent.rows("train", 2, 0)
+    rows = agent.rows("train", 3, 0)
     server = fake(_tool_policy)
-    out = _run(agent, rows[0], _client(server))
-    assert out == {"reward": 1.5, "correct": 1.0, "used_tool": 0.5}
-    assert len(server.requests) == 2
-    first = server.requests[0]["body"]
-    assert [t["function"]["name"] for t in first["tools"]] == ["calc_multiply"]
-    assert server.requests[1]["body"]["messages"][-1]["role"] == "tool"
+
+    async def all_rows():  # concurrent episodes share the taskset's one tool server
+        return await asyncio.gather(*(agent(r, _client(server, key=f"k{i}")) for i, r in enumerate(rows)))
+
+    assert asyncio.run(all_rows()) == [{"reward": 1.5, "correct": 1.0, "used_tool": 0.5}] * 3
+    assert len(server.requests) == 6
+    for key in ("k0", "k1", "k2"):
+        first, second = [r["body"] for r in server.requests if r["auth"] == f"Bearer {key}"]
+        assert [t["function"]["name"] for t in first["tools"]] == ["calc_multiply"]
+        assert second["messages"][-1]["role"] == "tool" and "product=" in second["messages"][-1]["content"]
+
+    def no_tool(body):  # a policy that answers without the tool: right answer, no tool reward
+        import re
+
+        a, b = map(int, re.search(r"multiply (\d+) by (\d+)", _user_text(body)).groups())
+        return {"content": f"It is {a * b}"}
+
+    assert _run(agent, rows[0], _client(fake(no_tool))) == {"reward": 1.0, "correct": 1.0, "used_tool": 0.0}
 
 
 def test_local_file_path_and_unknown_envs(tmp_path):
@@ -320,3 +332,24 @@ def test_credo_train_on_a_verifiers_env_with_a_judge(tmp_path, fake):
     assert max(m["reward/max"] for m in steps) > 0 and min(m["frac_reward_zero_std"] for m in steps) < 1
     assert all(m.get(f"guard/{g}_trips", 0) == 0 for m in steps for g in ("first_ratio", "finite_logprobs"))
     assert judge_server.requests and {r["body"]["model"] for r in judge_server.requests} == {"judge"}
+
+
+def test_credo_train_on_a_verifiers_tool_env(tmp_path):
+    """`credo train` on the multi-turn tool env: the gateway serves its calls with the taskset's tool advertised,
+    the tool server runs, both steps complete with no failed episode."""
+    from credo.cli.main import main
+
+    run_dir = tmp_path / "run"
+    args = [
+        "model.hidden_size=32", "model.intermediate_size=64", "task.train_size=3", "task.eval_size=1",
+        "rollout.group_size=2", "train.prompts_per_step=2", "rollout.max_new_tokens=8", "warm_start.steps=0",
+        "train.steps=2", "train.threads=1", "rollout.temperature=1.0",
+        "rollout.collector.type=gateway", "rollout.collector.verifiers.env=vf_tool",
+        "rollout.collector.verifiers.args.task.rewards.has_digit.fn=vf_single:has_digit",
+    ]
+    assert main(["-q", "train", "--run-dir", str(run_dir), *args]) == 0
+    steps = [m for m in _metrics(run_dir) if "gateway/episodes" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["gateway/episodes"] == 4 and m["gateway/failed_episodes"] == 0 for m in steps)
+    assert all(m["gateway/calls_per_episode"] >= 1 for m in steps)
+    assert all(m.get(f"guard/{g}_trips", 0) == 0 for m in steps for g in ("first_ratio", "finite_logprobs"))

@@ -1,12 +1,13 @@
 """A multi-turn verifiers v1 environment with a tool for credo's tests (tests/gateway/test_verifiers_env.py):
-the task's MCP tool server (a ``vf.Toolset``, started by verifiers as ``python -m vf_tool``) multiplies two
-numbers; ``used_tool`` checks that a tool result reached the conversation, ``correct`` the final answer."""
+the taskset's MCP tool server (a ``vf.Toolset`` shared by its tasks, started once per serving by verifiers as
+``python -m vf_tool``) multiplies two numbers; ``used_tool`` checks that a tool result reached the conversation,
+``correct`` the final answer."""
 import verifiers.v1 as vf
 
 PROBLEMS = [(3, 4), (6, 7), (12, 11)]
 
 
-class Calculator(vf.Toolset[vf.ToolsetConfig]):
+class Calculator(vf.Toolset[vf.SharedToolsetConfig]):
     TOOL_PREFIX = "calc"
 
     @vf.tool
@@ -19,15 +20,7 @@ class MulData(vf.TaskData):
     answer: str
 
 
-class MulConfig(vf.TaskConfig):
-    tools: vf.ToolsetConfig = vf.ToolsetConfig()
-
-
-class MulTask(vf.Task[MulData, vf.State, MulConfig]):
-    @classmethod
-    def toolsets(cls, config: MulConfig) -> list[vf.Toolset]:
-        return [Calculator(config.tools)]
-
+class MulTask(vf.Task[MulData, vf.State, vf.TaskConfig]):
     @vf.reward
     async def correct(self, trace: vf.Trace) -> float:
         return 1.0 if trace.last_reply.strip().endswith(self.data.answer) else 0.0
@@ -38,10 +31,14 @@ class MulTask(vf.Task[MulData, vf.State, MulConfig]):
 
 
 class MulTasksetConfig(vf.TasksetConfig):
-    task: MulConfig = MulConfig()
+    tools: vf.SharedToolsetConfig = vf.SharedToolsetConfig()
 
 
 class MulTaskset(vf.Taskset[MulTask, MulTasksetConfig]):
+    @classmethod
+    def toolsets(cls, config: MulTasksetConfig) -> list[vf.Toolset]:
+        return [Calculator(config.tools)]
+
     def load(self):
         for a, b in PROBLEMS:
             yield MulTask(MulData(prompt=f"Use the tool to multiply {a} by {b}; end with the product.",
