@@ -48,8 +48,9 @@ program run in this process (no ``uv`` bootstrap, nothing downloaded, no interpr
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0:0:0:0:0:0:0:1"}
 _BUILTIN_TASKSETS = ("openenv", "textarena", "nemo_gym", "harbor")
-_SPEC_KEYS = {"env", "args", "eval_args", "env_id", "harness", "max_turns", "timeout_s", "sampling",
-              "allow_hosts", "hub_install_timeout_s"}
+SPEC_KEYS = frozenset({"env", "args", "eval_args", "env_id", "harness", "max_turns", "timeout_s", "sampling",
+                       "allow_hosts", "hub_install_timeout_s"})
+"""The keys of ``rollout.collector.verifiers`` (docs/bring-your-own.md)."""
 
 
 class VerifiersEnvError(ValueError):
@@ -305,13 +306,17 @@ def _check_local(config, env, allow_hosts: set[str]) -> None:
     from verifiers.v1.runtimes import runtime_is_local
 
     allowed = _LOOPBACK | allow_hosts
+
+    def remote(url: str | None) -> bool:
+        return "*" not in allow_hosts and _host_of(url) not in allowed
+
     for name, seat in config:
         if not isinstance(seat, vf.AgentConfig):
             continue
         if seat.runtime.type != "subprocess":
             raise VerifiersEnvError(f"seat {name!r} runs in the {seat.runtime.type!r} runtime; credo runs "
                                     "verifiers seats in the local subprocess runtime only")
-        if seat.client is not None and _host_of(seat.client.base_url) not in allowed:
+        if seat.client is not None and remote(seat.client.base_url):
             raise VerifiersEnvError(f"seat {name!r} pins its own endpoint {seat.client.base_url!r}; credo's "
                                     "gateway serves every seat (list the host in allow_hosts to allow it)")
     taskset = env.taskset
@@ -320,14 +325,22 @@ def _check_local(config, env, allow_hosts: set[str]) -> None:
     for server in servers:
         cfg = server.config
         url = getattr(cfg, "url", None)
-        if url and _host_of(url) not in allowed:
+        if url and remote(url):
             raise VerifiersEnvError(f"tool server {server.server_name!r} is remote ({url}); list its host in "
                                     "allow_hosts to allow it")
         if not url and not runtime_is_local(cfg.runtime):
             raise VerifiersEnvError(f"tool server {server.server_name!r} runs in the {cfg.runtime.type!r} "
                                     "runtime; credo runs verifiers tool servers locally only")
-    for judge in taskset.config.task.judges:
-        if _host_of(judge.base_url) not in allowed:
+    tcfg = taskset.config
+    if getattr(tcfg, "base_url", None) and remote(tcfg.base_url):  # an adapter's server (OpenEnv's base_url)
+        raise VerifiersEnvError(f"taskset {config.taskset.id!r} connects to {tcfg.base_url!r}; list its host in "
+                                "allow_hosts to allow it")
+    if config.taskset.id == "openenv" and not getattr(tcfg, "base_url", None) and "*" not in allow_hosts:
+        raise VerifiersEnvError("the openenv adapter without args.base_url starts its environment through uv or "
+                                "docker, which download it: start the OpenEnv server yourself and give "
+                                "args.base_url (or allow_hosts: ['*'])")
+    for judge in tcfg.task.judges:
+        if remote(judge.base_url):
             raise VerifiersEnvError(
                 f"judge {judge.id!r} calls {judge.base_url!r}; set its base_url to an endpoint on this machine "
                 "(args.task.judges[i].base_url) or list the host in allow_hosts")
@@ -378,10 +391,10 @@ class VerifiersEnvAgent:
     """A loaded verifiers environment as an :class:`~credo.gateway.contract.AgentSource`."""
 
     def __init__(self, spec: dict):
-        unknown = set(spec) - _SPEC_KEYS
+        unknown = set(spec) - SPEC_KEYS
         if unknown:
             raise VerifiersEnvError(f"rollout.collector.verifiers has unknown keys {sorted(unknown)}; known: "
-                                    f"{sorted(_SPEC_KEYS)}")
+                                    f"{sorted(SPEC_KEYS)}")
         self.spec = dict(spec)
         self.taskset_id = resolve_env_id(spec.get("env", ""),
                                          install_timeout_s=float(spec.get("hub_install_timeout_s") or 600.0))

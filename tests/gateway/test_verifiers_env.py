@@ -291,6 +291,29 @@ def test_failed_episode_raises(fake):
         _run(agent, row, _client(fake(broken)))
 
 
+# -- (b) verifiers' bundled adapters --------------------------------------------------------------------------
+
+
+def test_openenv_adapter_rows_offline_and_local_only():
+    """verifiers' OpenEnv adapter loads offline: its rows are the configured resets, its seat runs credo's harness;
+    an episode whose OpenEnv server is not there fails as an episode (not a crash); a remote server or an env id
+    (started through uv/docker) is refused at load."""
+    from credo.gateway.verifiers_env import (HARNESS_ID, VerifiersEnvError, VerifiersEpisodeError,
+                                             load_environment_agent)
+
+    agent = load_environment_agent({"env": "openenv", "args": {"base_url": "http://127.0.0.1:9",
+                                                               "resets": [{}, {"seed": 1}]}})
+    assert type(agent.env).__name__ == "OpenEnvEnv" and agent.config.player.harness.id == HARNESS_ID
+    rows = agent.rows("train", 5, 0)
+    assert [r["info"]["reset"] for r in sorted(rows, key=lambda r: r["uid"])] == [{}, {"seed": 1}]
+    with pytest.raises(VerifiersEpisodeError, match="OpenEnvEnv.run"):
+        _run(agent, rows[0], AgentClient(base_url="http://127.0.0.1:9/v1", api_key="k", model="m"))
+    with pytest.raises(VerifiersEnvError, match="connects to 'https://openenv.example.org'"):
+        load_environment_agent({"env": "openenv", "args": {"base_url": "https://openenv.example.org"}})
+    with pytest.raises(VerifiersEnvError, match="without args.base_url"):
+        load_environment_agent({"env": "openenv", "args": {"env": "echo-env"}})
+
+
 # -- (c) through credo train ---------------------------------------------------------------------------------
 
 
@@ -336,20 +359,21 @@ def test_credo_train_on_a_verifiers_env_with_a_judge(tmp_path, fake):
 
 def test_credo_train_on_a_verifiers_tool_env(tmp_path):
     """`credo train` on the multi-turn tool env: the gateway serves its calls with the taskset's tool advertised,
-    the tool server runs, both steps complete with no failed episode."""
+    the tool server runs (once per step's serving: one step keeps this test short), the step completes with no
+    failed episode."""
     from credo.cli.main import main
 
     run_dir = tmp_path / "run"
     args = [
         "model.hidden_size=32", "model.intermediate_size=64", "task.train_size=3", "task.eval_size=1",
         "rollout.group_size=2", "train.prompts_per_step=2", "rollout.max_new_tokens=8", "warm_start.steps=0",
-        "train.steps=2", "train.threads=1", "rollout.temperature=1.0",
+        "train.steps=1", "train.threads=1", "rollout.temperature=1.0",
         "rollout.collector.type=gateway", "rollout.collector.verifiers.env=vf_tool",
         "rollout.collector.verifiers.args.task.rewards.has_digit.fn=vf_single:has_digit",
     ]
     assert main(["-q", "train", "--run-dir", str(run_dir), *args]) == 0
     steps = [m for m in _metrics(run_dir) if "gateway/episodes" in m]
-    assert [m["step"] for m in steps] == [1, 2]
+    assert [m["step"] for m in steps] == [1]
     assert all(m["gateway/episodes"] == 4 and m["gateway/failed_episodes"] == 0 for m in steps)
     assert all(m["gateway/calls_per_episode"] >= 1 for m in steps)
     assert all(m.get(f"guard/{g}_trips", 0) == 0 for m in steps for g in ("first_ratio", "finite_logprobs"))
