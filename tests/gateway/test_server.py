@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -447,3 +448,50 @@ def test_qwen3_coder_calls_round_trip():
         client.chat.completions.create(model="m", messages=msgs, tools=[ADD])
         rec = gw.close_episode(c)
         assert [s.calls for s in stitch(rec.calls)] == [[0, 1]] and rec.calls[1].reused_call == 0
+
+
+class SlowOrFailingEngine(ScriptedEngine):
+    """Sleeps ``delay`` seconds per batch; a prompt holding the text "FAIL" makes the batch raise."""
+
+    delay = 0.0
+    generating = threading.Event()  # set when a batch starts
+
+    def continue_ids(self, prefixes, sampling, **kw):
+        self.generating.set()
+        time.sleep(self.delay)
+        if any("FAIL" in self.tokenizer.decode(p) for p in prefixes):
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return super().continue_ids(prefixes, sampling, **kw)
+
+
+def test_engine_failures_closing_mid_call_and_the_body_cap():
+    from credo.http_server import ServerLimits
+
+    tok = chat_tokenizer(QWEN25)
+    engine = SlowOrFailingEngine(tok, ["fine"], end=tok.convert_tokens_to_ids("<|im_end|>"))
+    limits = GatewayLimits(batch_wait_s=0.0, server=ServerLimits(max_body_bytes=2000))
+    with Gateway(engine, tok, sampling=SamplingParams(max_new_tokens=8), limits=limits) as gw:
+        c = gw.open_episode("faults")
+        client = c.openai()
+        with pytest.raises(openai.InternalServerError) as exc:  # the engine failed the batch: 500, not a crash
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "FAIL"}])
+        assert exc.value.body["code"] == "engine_error" and "out of memory" in exc.value.body["message"]
+        ok = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+        assert ok.choices[0].message.content == "fine"
+        r = httpx.post(f"{gw.base_url}/chat/completions", headers={"Authorization": f"Bearer {c.api_key}"},
+                       json={"messages": [{"role": "user", "content": "x" * 3000}]})
+        assert r.status_code == 413  # credo.http_server.BodyLimit
+        rec = gw.close_episode(c)
+        assert len(rec.calls) == 1 and rec.refused[0].startswith("engine_error")
+
+        engine.delay, engine.generating = 1.0, threading.Event()
+        d = gw.open_episode("closed-mid-call")
+        answers = []
+        t = threading.Thread(target=lambda: answers.append(d.openai().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "slow"}])))
+        t.start()
+        assert engine.generating.wait(10)
+        rec = gw.close_episode(d)  # while the engine generates its call
+        t.join(10)
+        assert answers and answers[0].choices[0].message.content == "fine"  # answered ...
+        assert rec.calls == [] and "still generating" in rec.refused[0]  # ... not recorded
