@@ -10,7 +10,7 @@ exact tokens the engine sampled (docs/bring-your-own.md).
     reward    = what the agent returned (reward_of), or the run's verifier on the last completion's text
 
 A failed episode (the agent raised, timed out, a command exited non-zero or printed no JSON reward, a bad reward,
-no call at all) is counted (``gateway/failed/<reason>``) and never trained on; a group left with fewer than
+no call at all, an agent ended by a refused call past the episode's limits) is counted (``gateway/failed/<reason>``) and never trained on; a group left with fewer than
 ``min(2, group_size)`` good episodes is dropped (one survivor has no group baseline); a step where more than
 ``max_failed_share`` of the episodes failed stops the run (:class:`AgentOutageError`).
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 from credo.collect.base import CollectorNeeds
 from credo.collect.config import GatewayCollectorConfig
-from credo.collect.gateway_agents import REASONS, AgentSpec, EpisodeFailed, one_line, verifiers_source
+from credo.collect.gateway_agents import LIMIT_CODES, REASONS, AgentSpec, EpisodeFailed, one_line, verifiers_source
 from credo.errors import EXIT_ENV_FAILURE, RunStopped
 from credo.gateway.contract import AgentResultError, reward_of
 from credo.tracking.atomic import atomic_write_text
@@ -138,6 +138,9 @@ def run_episodes(gateway, agent: AgentSpec, g: GatewayCollectorConfig, examples:
             finally:
                 ep.record = gateway.close_episode(client)
                 ep.seconds = time.perf_counter() - t0
+        limit = [r for r in ep.record.refused if r.startswith(LIMIT_CODES)]
+        if ep.failure in ("raised", "exit_code") and limit:  # it ended because a call was refused
+            ep.failure, ep.error = "limit", f"{one_line(limit[0], 160)} (then: {ep.error})"
         return ep
 
     async def every() -> list[Episode]:

@@ -5,7 +5,9 @@ its own, async on the collector's event loop), a command (a subprocess per episo
 Every way an episode can fail raises :class:`EpisodeFailed` with a short ``reason`` (the metrics'
 ``gateway/failed/<reason>``): ``raised`` (the agent raised), ``timeout`` (past ``episode_timeout_s``),
 ``exit_code`` (a command exited non-zero), ``no_json`` (a command's last stdout line is not JSON), ``bad_reward``
-(a return value that is not a reward: credo.gateway.contract.reward_of).
+(a return value that is not a reward: credo.gateway.contract.reward_of), ``no_calls`` (no model call: nothing to
+train on), ``limit`` (the agent raised or exited after the gateway refused a call past the episode's
+``max_calls`` / ``max_tokens`` / deadline or the model's context).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import os
 import shlex
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,7 +26,8 @@ from typing import Any, Callable
 from credo.config import ConfigError
 from credo.gateway.contract import AgentClient, AgentSource
 
-REASONS = ("raised", "timeout", "exit_code", "no_json", "bad_reward", "no_calls")
+REASONS = ("raised", "timeout", "exit_code", "no_json", "bad_reward", "no_calls", "limit")
+LIMIT_CODES = ("episode_limit", "context_length_exceeded")  # refusals that end an episode an agent does not catch
 
 
 class EpisodeFailed(Exception):
@@ -44,8 +48,11 @@ _SOURCES: dict[str, AgentSource] = {}  # verifiers spec (JSON) -> its AgentSourc
 
 
 def import_agent(spec: str) -> Callable:
-    """The callable ``pkg.module:function`` names (a dotted attribute path after the colon works too)."""
+    """The callable ``pkg.module:function`` names (a dotted attribute path after the colon works too); the working
+    directory is searched last, so a ``my_agent.py`` beside the run's command is found."""
     module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:  # my_agent.py next to where `credo train` runs (as uvicorn's app dir)
+        sys.path.append(os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -336,3 +336,35 @@ def test_an_agent_source_brings_its_rows_and_rewards(tmp_path, monkeypatch):
     assert {row["uid"].rsplit("/", 1)[0] for row in dumped(run)} == {"src/train"}
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final/eval/gateway/episodes"] == 2  # task.eval_size rows of the source's eval split
+
+
+def test_an_agent_ended_by_the_episode_limits_fails_with_reason_limit(tiny_model):
+    """Against the real gateway: an agent whose third call is refused (max_calls=2) and which does not catch the
+    refusal is a ``limit`` failure; one that catches it and returns a reward is a good episode of 2 calls."""
+    from credo.rollout.hf import HFRolloutEngine
+    from credo.types import SamplingParams
+
+    model, tok = tiny_model
+    g = options(max_calls=2, episode_timeout_s=30)
+
+    def chatty(task, client):
+        with client.openai() as oa:
+            for _ in range(3):
+                oa.chat.completions.create(model=client.model, messages=[{"role": "user", "content": "x"}])
+        return 1.0
+
+    def careful(task, client):
+        try:
+            return chatty(task, client)
+        except Exception as exc:  # openai.BadRequestError: episode_limit
+            assert "episode_limit" in str(exc)
+            return 0.5
+
+    gateway = gw.make_gateway(HFRolloutEngine(model, tok, seed=0), tok, g, SamplingParams(max_new_tokens=4))
+    try:
+        (bad,) = gw.run_episodes(gateway, AgentSpec(fn=chatty), g, [Example("p", "a", "t/0")], 1, "lim")
+        (good,) = gw.run_episodes(gateway, AgentSpec(fn=careful), g, [Example("p", "a", "t/0")], 1, "lim")
+    finally:
+        gateway.stop()
+    assert bad.failure == "limit" and "max_calls" in bad.error and len(bad.record.calls) == 2
+    assert not good.failure and good.value == 0.5 and len(good.record.calls) == 2
