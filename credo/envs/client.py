@@ -113,6 +113,8 @@ class HTTPEnvClient:
             obs = got if isinstance(got, str) else _field(got, "observation", "state", "obs")
         if not isinstance(obs, str):
             raise EnvError(f"{self.name}: reset returned no observation: {_short(body)}")
+        if isinstance(body, dict) and isinstance(body.get("instruction"), str):  # a per-task one (credo's server)
+            self.instruction = body["instruction"]
         return obs
 
     def step(self, text: str) -> StepResult:

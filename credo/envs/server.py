@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from credo.envs.base import ENVS, check_env_params, make_env
+from credo.envs.base import check_env_params, get_env_spec, make_env
 from credo.http_auth import install_bearer_auth, resolve_token, warn_if_exposed
 from credo.http_server import ServerLimits, install_body_limit
 from credo.http_server import serve as serve_http
@@ -69,7 +69,7 @@ MAX_ACTION_CHARS = 1 << 16  # longer actions are not searched for tags (a hostil
 
 def as_action(env_name: str, text: str) -> str:
     """An action in any of the accepted forms (module docstring) as credo's ``kind:argument``."""
-    spec = ENVS[env_name]
+    spec = get_env_spec(env_name)  # a registered name or a prefixed one (skyrl_gym:<id>)
     kind, sep, _ = text.partition(":")
     if (sep and kind in spec.parser.tags) or len(text) > MAX_ACTION_CHARS:
         return text
@@ -164,7 +164,9 @@ def _add_routes(app, pool: _Pool) -> None:
         inst = pool.get(env_id)
         with inst.lock:
             inst.observation = inst.env.reset(task_id)
-            return {"id": env_id, "observation": inst.observation}
+            instruction = getattr(inst.env, "instruction", None)  # a per-task one (skyrl_gym: the row's system)
+            return {"id": env_id, "observation": inst.observation,
+                    **({"instruction": instruction} if isinstance(instruction, str) else {})}
 
     @app.post("/step")
     def step(body: dict[str, Any]) -> dict[str, Any]:

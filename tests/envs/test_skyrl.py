@@ -95,6 +95,17 @@ def test_rows_of_another_env_class_are_left_out(tmp_path):
     assert client.reset(0).startswith("What is 10-3?")
 
 
+def test_a_served_skyrl_gym_env_hands_its_tasks_instruction_to_the_http_client(gsm8k_file):
+    from credo.envs import HTTPEnvClient
+    from tests.env_util import env_server
+
+    with env_server("skyrl_gym:gsm8k", f"data={gsm8k_file}") as (url, _):
+        client = HTTPEnvClient(url, "skyrl_gym:gsm8k")
+        assert client.reset(0).startswith("What is 40+2?") and client.instruction == "Be brief."
+        assert client.step("#### 42").reward == 1.0
+        client.close()
+
+
 def test_jsonl_rows_work_too_and_bad_rows_are_skipped_with_a_warning(tmp_path):
     from credo.data.files import BadRowsWarning
 
