@@ -528,7 +528,8 @@ class VerifiersEnvAgent:
 
 def episode_rewards(episode) -> dict[str, float]:
     """``{"reward": total, <name>: weighted value}`` over the episode's trainable traces (all traces when none
-    is marked trainable); a failed episode raises :class:`VerifiersEpisodeError`."""
+    is marked trainable; a reward function named ``reward`` reports as ``vf_reward``); a failed episode, or a
+    reward left unscored, raises :class:`VerifiersEpisodeError`."""
     errors = [e for t in episode.traces for e in t.errors] + list(episode.errors)
     if not episode.ok or not episode.traces:
         detail = "; ".join(f"{e.type}: {e.message}" for e in errors)[-1500:] or "no trace"
@@ -539,7 +540,8 @@ def episode_rewards(episode) -> dict[str, float]:
         for name, reward in trace.rewards.items():
             if reward is None:
                 raise VerifiersEpisodeError(f"verifiers reward {name!r} was not scored")
-            comps[name] = comps.get(name, 0.0) + reward.value
+            key = "vf_reward" if name == "reward" else name  # "reward" is the total's key in credo's contract
+            comps[key] = comps.get(key, 0.0) + reward.value
     return {"reward": float(sum(t.reward for t in traces)), **comps}
 
 
