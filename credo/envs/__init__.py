@@ -1,7 +1,8 @@
 """Multi-turn environments for agent RL: the protocol, built-ins, HTTP server and clients.
 
 ``credo.envs.list_envs()`` names the registered environments (built-ins: ``calc``, ``maze``, ``wordle``,
-``toolgraph``, ``verify``, and the structured-tools ``calc_tools`` and ``toolgraph_tools``); AgentGym servers are reached as ``agentgym:<env>``.
+``toolgraph``, ``verify``, and the structured-tools ``calc_tools`` and ``toolgraph_tools``); AgentGym servers are reached as ``agentgym:<env>``,
+skyrl-gym environments over a dataset of SkyRL rows as ``skyrl_gym:<id>`` (credo.envs.skyrl).
 """
 from credo.envs.base import (
     ENVS,
