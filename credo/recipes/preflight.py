@@ -93,15 +93,18 @@ def pin_hub_ids(cfg: RunConfig, *, rl: bool = True) -> None:
     alone offline; a miss raises) and replaced in ``cfg`` by ``org/name@<commit>``; ``task.dataset`` likewise when
     its commit is known. The run directory's ``config.yaml`` then names the exact snapshot a resume, ``credo eval``
     and ``credo export`` read again."""
-    from credo.models.hub import pin
+    from credo.models.hub import HubModelNotFound, pin
 
     trust = cfg.model.trust_remote_code
     cfg.model.path = pin(cfg.model.path, key="model.path", trust_remote_code=trust)
     if rl:
         cfg.critic.path = pin(cfg.critic.path, key="critic.path", trust_remote_code=trust)
         if cfg.distill is not None and cfg.distill.teacher.path:
-            cfg.distill.teacher.path = pin(cfg.distill.teacher.path, key="distill.teacher.path",
-                                           trust_remote_code=trust)
+            try:
+                cfg.distill.teacher.path = pin(cfg.distill.teacher.path, key="distill.teacher.path",
+                                               trust_remote_code=trust)
+            except HubModelNotFound as exc:  # as check_teacher words it: how to get a teacher
+                raise HubModelNotFound(f"{exc}; {TEACHER_HINT}") from None
     if cfg.task.name == "hf":
         from credo.config.hub_ref import HubId, parse_hub_id
         from credo.data.hub import dataset_commit
