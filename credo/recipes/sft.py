@@ -68,10 +68,10 @@ def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> d
         examples = data.eval[: cfg.eval.size] if cfg.eval.size else data.eval
         from credo.collect.evaluate import evaluate
 
-        if data.default_reward is None:  # agent RL: episodes against the run's environments
-            from credo.collect.agent import AgentOptions, evaluate_agent
+        from credo.collect.registry import COLLECTOR_EVALS
 
-            metrics = evaluate_agent(AgentOptions.of(cfg), engine, tokenizer, examples, seed=cfg.seed)
+        if cfg.rollout.collector.type in COLLECTOR_EVALS:  # the collector's own (agent RL: episodes in the envs)
+            metrics = COLLECTOR_EVALS.get(cfg.rollout.collector.type)(cfg, engine, runner, examples, seed=cfg.seed)
             return {"model": str(model_dir), "examples": len(examples), **metrics}
         metrics = evaluate(engine, runner, examples, k=cfg.eval.k, temperature=cfg.eval.temperature,
                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed, pass_k=cfg.eval.pass_k)

@@ -325,17 +325,24 @@ class _Source:
         return float(task["answer"] in text) + sum(map(ord, text)) % 89 / 1000
 
 
-def test_an_agent_source_brings_its_rows_and_rewards(tmp_path, monkeypatch):
+def test_an_agent_source_brings_its_rows_and_rewards(tmp_path, monkeypatch, capsys):
+    """Rows and rewards from the source (as a verifiers environment's); ``credo eval`` of the run evaluates the
+    agent on the source's eval rows too."""
     module = types.ModuleType("credo.gateway.verifiers_env")
     module.load_environment_agent = _Source
     monkeypatch.setitem(sys.modules, "credo.gateway.verifiers_env", module)
     monkeypatch.setattr("credo.collect.gateway_agents._SOURCES", {})
-    code, run = train(tmp_path, "source", "rollout.collector.verifiers={env: local, args: {n: 5}}")
+    code, run = train(tmp_path, "source", "rollout.collector.verifiers={env: local, args: {n: 5}}",
+                      "checkpoint.save_final=true")
     assert code == 0
     assert_trained_on_policy(run, 1)
     assert {row["uid"].rsplit("/", 1)[0] for row in dumped(run)} == {"src/train"}
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final/eval/gateway/episodes"] == 2  # task.eval_size rows of the source's eval split
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["examples"] == 2 and out["eval/gateway/episodes"] == 2 and out["eval/gateway/failed_episodes"] == 0
 
 
 def test_an_agent_ended_by_the_episode_limits_fails_with_reason_limit(tiny_model):
