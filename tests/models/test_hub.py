@@ -204,3 +204,59 @@ def test_plan_reads_a_cached_hub_models_config(hub):
     assert (shape.hidden, shape.layers) == (32, 2)
     with pytest.raises(FileNotFoundError, match="org/missing: credo plan reads the hub model's config.json"):
         shape_of(load_config(None, ["model.path=org/missing"]).model)
+
+
+def test_a_lora_adapter_on_a_hub_base_names_it_and_finds_it_in_a_moved_cache(hub, tmp_path, monkeypatch):
+    """The adapter's base record names the snapshot (org/name@commit): with the cache moved (its old paths gone),
+    the base is found again through the hub cache (credo.models.lora.resolve_base)."""
+    import shutil
+
+    from credo.config.schema import LoraConfig
+    from credo.models import save_model
+    from credo.models.lora import BASE_FILE, apply_lora, resolve_base
+
+    cache, a, _ = hub
+    model, tok = load_model("org/tiny@v1")
+    apply_lora(model, LoraConfig(r=2, target_modules=["q_proj"]), seed=0)
+    model.credo_lora_base = str(resolve_model_path("org/tiny@v1"))
+    save_model(model, tok, tmp_path / "adapter")
+    record = json.loads((tmp_path / "adapter" / BASE_FILE).read_text())
+    assert record["hub"] == f"org/tiny@{a}"
+    moved = tmp_path / "moved-cache"
+    shutil.move(cache, moved)
+    monkeypatch.setenv("HF_HUB_CACHE", str(moved))
+    assert resolve_base(tmp_path / "adapter") == (moved / "models--org--tiny" / "snapshots" / a).resolve()
+    loaded, _ = load_model(tmp_path / "adapter")
+    assert sum("lora_" in k for k in loaded.state_dict()) == 2 * 2  # A and B of q_proj in both layers
+
+
+def test_a_pinned_id_keeps_its_weights_after_the_branch_moves(hub):
+    cache, a, b = hub
+    pinned = pin("org/tiny")  # what a run's config.yaml records
+    (cache / "models--org--tiny" / "refs" / "main").write_text(a)  # main moves on after the run started
+    assert resolve_model_path("org/tiny").name == a
+    assert resolve_model_path(pinned).name == b  # a resumed run, credo eval, credo export: the same snapshot
+
+
+def test_a_critic_and_a_reward_model_by_hub_id(hub, tiny_dirs, tmp_path):
+    """critic.path and a reward model's path (reward.kwargs.path, credo rm serve) load a saved ValueModel by id."""
+    from credo.models import ValueModel
+    from credo.rewards.rm_scoring import LocalRewardModel
+
+    cache, _, _ = hub
+    policy, tok = load_model(tiny_dirs[0])
+    critic = ValueModel.from_policy(policy)
+    critic.save(tmp_path / "critic")
+    tok.save_pretrained(tmp_path / "critic")
+    commit = add_model_dir(cache, "org/critic", tmp_path / "critic")
+    ids = torch.tensor([tok.encode("abc")])
+    args = (ids, torch.ones_like(ids), torch.arange(ids.shape[1]).unsqueeze(0))
+    with torch.no_grad():
+        want = critic(*args)
+        torch.testing.assert_close(ValueModel.load("org/critic")(*args), want, rtol=0, atol=0)
+        torch.testing.assert_close(ValueModel.load(f"org/critic@{commit}")(*args), want, rtol=0, atol=0)
+    rm = LocalRewardModel("org/critic")
+    assert rm.path == str(cache / "models--org--critic" / "snapshots" / commit)
+    assert len(rm.score(["a"], ["b"])) == 1
+    with pytest.raises(HubModelNotFound, match="^critic.path: org/nocritic is not"):
+        ValueModel.load("org/nocritic")
