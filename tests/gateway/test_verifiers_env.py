@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -106,7 +105,6 @@ def _envs_on_path(monkeypatch):
     """The fixture environments import by module name, here and in the tool servers verifiers starts."""
     monkeypatch.syspath_prepend(str(VF_ENVS))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(VF_ENVS), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("HOME", os.environ.get("HOME", "/tmp"))
 
 
 def _user_text(body) -> str:
