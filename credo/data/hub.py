@@ -8,7 +8,7 @@ Where the rows come from:
 
 - the hub reachable: ``datasets.load_dataset(org/name, subset, split=..., revision=..., streaming=...)``, which
   caches what it downloads (the hub cache and ``HF_DATASETS_CACHE``);
-- ``HF_HUB_OFFLINE=1``: the repository's snapshot in the hub cache (``huggingface-cli download --repo-type dataset
+- ``HF_HUB_OFFLINE=1``: the repository's snapshot in the hub cache (``hf download --repo-type dataset
   org/name`` puts it there; ``snapshot_download(..., local_files_only=True)`` finds it), read by
   ``load_dataset(SNAPSHOT_DIR, subset, split=...)`` as a local dataset directory (its README's ``configs`` name the
   subsets); else what ``load_dataset`` prepared on an earlier online run (``HF_DATASETS_CACHE``); else a
@@ -150,7 +150,7 @@ def _offline_miss(ref: HubId, hub_cache: Path, datasets_cache: str) -> str:
     rev = f" --revision {ref.revision}" if ref.revision else ""
     return (f"task.dataset={ref}: not in the hub cache {hub_cache} (revision {ref.revision or 'main'}) nor prepared "
             f"in the datasets cache {datasets_cache}, and HF_HUB_OFFLINE=1 allows no download: fetch it with "
-            f"`huggingface-cli download --repo-type dataset {ref.repo_id}{rev}` where the hub is reachable (the same "
+            f"`hf download --repo-type dataset {ref.repo_id}{rev}` where the hub is reachable (the same "
             f"HF_HUB_CACHE / HF_HOME), or unset HF_HUB_OFFLINE")
 
 

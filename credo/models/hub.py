@@ -115,13 +115,14 @@ def _not_local(key: str, ref: HubId) -> str:
 def not_found_message(ref: HubId, key: str, cache: Path, offline: bool, exc: Exception) -> str:
     """What is missing (id, revision, cache directory) and how to get it, for a miss in the cache."""
     rev = ref.revision or "main"
-    fetch = f"`huggingface-cli download {ref.repo_id}{' --revision ' + ref.revision if ref.revision else ''}`"
+    fetch = f"`hf download {ref.repo_id}{' --revision ' + ref.revision if ref.revision else ''}`"
     if offline:
         why = (f"HF_HUB_OFFLINE=1 reads the cache alone: fetch it with {fetch} where the hub is reachable (the same "
                f"HF_HUB_CACHE / HF_HOME), or unset HF_HUB_OFFLINE to download it")
     else:
         why = f"the hub could not be reached ({_first_line(exc)}): fetch it with {fetch} where it is"
-    return (f"{_not_local(key, ref)}, nor a hub model in the cache: {ref.repo_id} at revision {rev} is not in "
+    where = "is not in" if type(exc).__name__ != "IncompleteSnapshotError" else "misses files in"
+    return (f"{_not_local(key, ref)}, nor a hub model in the cache: {ref.repo_id} at revision {rev} {where} "
             f"{cache}; {why}")
 
 

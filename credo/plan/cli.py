@@ -67,8 +67,8 @@ def shape_of(model_cfg) -> ModelShape:
         snap = cached_model_path(model_cfg.path, allow_patterns=("config.json",))
         if snap is None:
             raise FileNotFoundError(f"model.path={model_cfg.path}: credo plan reads the hub model's config.json from "
-                                    f"the hub cache {hub_cache_dir()}, where it is not; fetch it with `huggingface-cli "
-                                    f"download {parse_hub_id(model_cfg.path).repo_id} config.json`")
+                                    f"the hub cache {hub_cache_dir()}, where it is not; fetch it with `hf download "
+                                    f"{parse_hub_id(model_cfg.path).repo_id} config.json`")
         path = snap / "config.json"
     c = json.loads(path.read_text())
     c = c.get("text_config", c)

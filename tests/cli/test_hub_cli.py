@@ -89,9 +89,9 @@ def test_export_records_the_hub_snapshot_the_run_started_from(hub, run):
 @pytest.mark.parametrize("args, words", [
     (["train", "model.path=org/missing@v7"], ["model.path: org/missing@v7 is not a Hugging Face model directory",
                                               "org/missing at revision v7 is not in", "HF_HUB_OFFLINE=1",
-                                              "`huggingface-cli download org/missing --revision v7`"]),
+                                              "`hf download org/missing --revision v7`"]),
     (["train", "task.name=hf", "task.dataset=org/nosuch"], ["task.dataset=org/nosuch: not in the hub cache",
-                                                            "huggingface-cli download --repo-type dataset org/nosuch"]),
+                                                            "hf download --repo-type dataset org/nosuch"]),
     (["eval", "org/missing"], ["credo eval: org/missing is not a Hugging Face model directory"]),
 ])
 def test_a_missing_id_is_one_line_exit_1_no_traceback(hub, args, words):

@@ -99,7 +99,7 @@ def test_missing_dataset_subset_split_and_column_say_what_and_where(hub):
         load_task_data(task("task.dataset=org/absent"), seed=0)
     msg = str(info.value)
     assert msg.startswith(f"task.dataset=org/absent: not in the hub cache {cache} (revision main)")
-    assert "HF_HUB_OFFLINE=1" in msg and "`huggingface-cli download --repo-type dataset org/absent`" in msg
+    assert "HF_HUB_OFFLINE=1" in msg and "`hf download --repo-type dataset org/absent`" in msg
     with pytest.raises(DatasetError, match=r"task.subset: BuilderConfig 'nope' not found. Available: \['main'\]"):
         load_task_data(task("task.dataset=org/gsm", "task.subset=nope"), seed=0)
     with pytest.raises(DatasetError, match=r"task.split: Unknown split \"dev\""):

@@ -104,8 +104,8 @@ def test_missing_id_or_revision_offline_names_id_revision_cache_and_the_fix(hub)
     msg = str(info.value)
     assert msg.startswith("critic.path: org/missing is not a Hugging Face model directory (no config.json), nor")
     assert f"org/missing at revision main is not in {cache}" in msg
-    assert "HF_HUB_OFFLINE=1" in msg and "`huggingface-cli download org/missing`" in msg
-    with pytest.raises(HubModelNotFound, match=r"org/tiny at revision v9 is not in .*huggingface-cli download "
+    assert "HF_HUB_OFFLINE=1" in msg and "`hf download org/missing`" in msg
+    with pytest.raises(HubModelNotFound, match=r"org/tiny at revision v9 is not in .*hf download "
                                                 r"org/tiny --revision v9"):
         load_model("org/tiny@v9")
     assert isinstance(info.value, FileNotFoundError)  # the CLI's exit 1, as a missing local directory
