@@ -15,9 +15,11 @@ from pathlib import Path
 
 
 def add_snapshot(cache: Path, repo_id: str, files: dict[str, bytes | Path], *, repo_type: str = "model",
-                 ref: str | None = "main", tag: str = "") -> str:
+                 ref: str | None = "main", tag: str = "", missing: tuple[str, ...] = ()) -> str:
     """Write ``files`` (repository path -> bytes, or a local file to copy) as one commit of ``repo_id`` into the hub
-    cache ``cache``; ``ref`` (a branch or tag name, None = none) is pointed at it. Returns the 40-hex commit."""
+    cache ``cache``; ``ref`` (a branch or tag name, None = none) is pointed at it. The commit's file listing is cached
+    as huggingface_hub 2.x's downloads cache it (``trees/<commit>.json``, written by its own ``write_tree_cache``);
+    ``missing`` names files listed there but absent (an interrupted download). Returns the 40-hex commit."""
     from huggingface_hub.file_download import repo_folder_name
 
     repo = Path(cache) / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
@@ -36,6 +38,14 @@ def add_snapshot(cache: Path, repo_id: str, files: dict[str, bytes | Path], *, r
     if ref is not None:
         (repo / "refs").mkdir(exist_ok=True)
         (repo / "refs" / ref).write_text(commit)
+    try:
+        from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
+    except ImportError:  # a huggingface_hub without tree listings: snapshots are taken as complete
+        return commit
+    listing = {name: TreeCacheEntry(size=len(content), blob_id=hashlib.sha1(content).hexdigest())
+               for name, content in data.items()}
+    listing.update({name: TreeCacheEntry(size=1, blob_id="0" * 40) for name in missing})
+    write_tree_cache(str(repo), commit, listing)
     return commit
 
 

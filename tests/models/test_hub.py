@@ -111,6 +111,15 @@ def test_missing_id_or_revision_offline_names_id_revision_cache_and_the_fix(hub)
     assert isinstance(info.value, FileNotFoundError)  # the CLI's exit 1, as a missing local directory
 
 
+def test_an_incomplete_cached_snapshot_is_reported_as_such(hub, tiny_dirs):
+    cache, _, _ = hub
+    files = {p.name: p for p in tiny_dirs[0].iterdir() if p.name != "model.safetensors"}
+    add_snapshot(cache, "org/partial", files, missing=("model.safetensors",))  # the weights never arrived
+    assert (cache / "models--org--partial" / "trees").is_dir()
+    with pytest.raises(HubModelNotFound, match=r"org/partial at revision main misses files in "):
+        resolve_model_path("org/partial")
+
+
 def test_local_paths_keep_their_own_errors(hub, tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         load_model(tmp_path / "nowhere")
