@@ -170,3 +170,13 @@ def verifier_scores(task: dict, client) -> None:
 def dense_verifier(response: str, example, **_) -> float:
     """:func:`dense` as a run's verifier (``reward.name=tests.collect.gateway_agents:dense_verifier``)."""
     return dense(response, example.answer)
+
+
+async def likes_a(task: dict, client) -> float:
+    """One call; the reward is the share of the letter ``a`` in the answer (a preference a tiny model can learn
+    in a few steps)."""
+    async with client.async_openai() as oa:
+        resp = await oa.chat.completions.create(model=client.model, max_tokens=MAX_TOKENS,
+                                                messages=[{"role": "user", "content": task["prompt"]}])
+    text = resp.choices[0].message.content or ""
+    return text.count("a") / MAX_TOKENS
