@@ -159,6 +159,32 @@ def test_completions_with_text_and_token_ids(served, engine):
     assert len(second.completion_ids) <= 5
 
 
+def test_stop_strings_cut_the_answer_and_the_recorded_ids(served, engine):
+    """vLLM gets the stop string (and the engine cuts on its token ids): a call replayed from the same generator
+    state samples the same row up to the stop, and stops right after it."""
+    gw, rec, tok = served
+    c = gw.open_episode("stop")
+    client = c.openai()
+    for prompt in ("rev abc=", "rev qrstu=", "12+3=", "rev hgfedc=", "rev xyz="):
+        state = engine.state_dict()  # the generator the call key is drawn from
+        free = client.completions.create(model=c.model, prompt=prompt, max_tokens=MAX_NEW)
+        if len(free.choices[0].text) >= 4:
+            break
+    else:
+        raise AssertionError("no free completion of 4 characters or more to cut")
+    text = free.choices[0].text
+    stop = text[2:4]
+    engine.load_state_dict(state)
+    cut = client.completions.create(model=c.model, prompt=prompt, max_tokens=MAX_NEW, stop=[stop])
+    record = gw.close_episode(c)
+    free_call, cut_call = record.calls[-2:]
+    end = text.index(stop)
+    assert cut.choices[0].text == text[:end] and cut.choices[0].finish_reason == "stop"
+    assert cut_call.completion_ids == free_call.completion_ids[: end + len(stop)]  # one token a character
+    # the same samples, the second prefill partly read from vLLM's prefix cache: the same log-probs
+    assert max(abs(a - b) for a, b in zip(cut_call.logprobs, free_call.logprobs)) < TOL
+
+
 def test_a_multi_turn_episode_stitches_into_one_trajectory(served, engine):
     gw, rec, tok = served
     c = gw.open_episode("turns")
@@ -222,3 +248,5 @@ def test_credo_train_with_the_gateway_collector_on_vllm(tmp_path):
     assert code == 0
     rows = assert_trained_on_policy(run, 2)
     assert all(r.get("guard/weight_sync_trips") == 0.0 for r in rows)  # vLLM's probe after each sync passed
+    assert all(r["rollout/logprob_abs_diff"] < TOL for r in rows)  # vLLM's log-probs are the trainer's
+    assert [r["rollout/policy_version"] for r in rows] == [0, 1]  # step 2 sampled the synced weights
