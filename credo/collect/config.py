@@ -330,6 +330,9 @@ def validate_gateway(cfg) -> None:
         if g.reward_from == "verifier" and cfg.reward.name is None:
             raise ConfigError("rollout.collector.reward_from=verifier: a verifiers environment's rows have no task "
                               "verifier; name one with reward.name, or keep reward_from=agent (its rubric)")
+    if cfg.task.chat_template:
+        raise ConfigError("task.chat_template: the gateway renders the agent's messages with the chat template "
+                          "itself; a prompt already wrapped in it would be wrapped twice (set it to false)")
     if cfg.distributed.backend == "ray":
         raise ConfigError("rollout.collector.type=gateway: not implemented with distributed.backend=ray (the "
                           "gateway serves the in-process engine)")

@@ -207,6 +207,7 @@ def test_a_mostly_failed_step_stops_the_run_and_a_few_failures_warn(caplog):
     (["rollout.collector.verifiers={env: x}", "warm_start.steps=0", "rollout.collector.reward_from=verifier"],
      "reward_from=verifier"),
     (["rollout.collector.agent=a:b", "rollout.collector.max_failed_share=2"], "max_failed_share"),
+    (["rollout.collector.agent=a:b", "task.chat_template=true"], "wrapped twice"),
 ])
 def test_config_errors_name_the_key(overrides, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace("{", r"\{")):
