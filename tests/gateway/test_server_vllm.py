@@ -1,10 +1,12 @@
 """The gateway (credo.gateway.server) in front of credo's vLLM engine (credo.rollout.vllm_engine), with the real
-``openai`` client: chat, streaming, /v1/completions, token-exact capture, concurrent calls batched, a multi-turn
-episode stitched, and a ``credo train`` run with ``rollout.engine=vllm rollout.collector.type=gateway``.
+``openai`` client: chat, streaming, /v1/completions, token-exact capture, concurrent calls batched, stop strings, a
+multi-turn episode stitched (its turns read from vLLM's prefix cache), the engine in server mode, and a
+``credo train`` run with ``rollout.engine=vllm rollout.collector.type=gateway``.
 
 Marker ``vllm`` (not in the default run; tests/rollout/test_vllm.py says how to run them): vLLM's CPU build here,
 CUDA vLLM on a GPU machine; where vLLM cannot run these fail with the reason. The module shares one in-process
-engine (~15-30 s to start on a loaded 2-core CPU); the train run starts its own."""
+engine (20-50 s to start on a 2-core CPU, with load); the server-mode test and the train run start their own
+(the whole module: 1.5-2 min there)."""
 from __future__ import annotations
 
 import asyncio
@@ -233,6 +235,37 @@ def test_concurrent_calls_share_an_engine_batch(engine, policy):
         assert a.choices[0].message.content == _text(tok, call.completion_ids)
     # a batch samples each row from its own seed: the rows of one batch are not copies of each other
     assert len({tuple(r.calls[0].completion_ids) for r in records}) > 1
+
+
+def test_a_server_mode_engine_behind_the_gateway(policy, tmp_path):
+    """rollout.vllm.mode=server: the engine's rows go to a vLLM server it started as concurrent /v1/completions
+    requests; the gateway's records are still exactly what the engine returned, and the served policy's."""
+    from credo.rollout.vllm_engine import VLLMRolloutEngine
+    from credo.rollout.vllm_transport import VLLMOptions
+
+    model, tok = policy
+    engine = VLLMRolloutEngine.from_model(model, tok, seed=0, options=VLLMOptions(dtype="float32", mode="server"),
+                                          log_dir=tmp_path)
+    try:
+        rec = Recording(engine)
+        with Gateway(rec, tok, sampling=SamplingParams(max_new_tokens=MAX_NEW),
+                     limits=GatewayLimits(batch_wait_s=1.0)) as gw:
+            clients = [gw.open_episode(f"s{i}") for i in range(3)]
+
+            async def all_calls():
+                return await asyncio.gather(*[c.async_openai().chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": p}], stream=i == 0)
+                    for i, (p, c) in enumerate(zip(["rev abc=", "12+3=", "rev qrstu="], clients))])
+
+            asyncio.run(all_calls())
+            calls = [gw.close_episode(c).calls[0] for c in clients]
+        assert max(len(prefixes) for prefixes, _ in rec.calls) >= 2  # batched into one continue_ids call
+        for call in calls:
+            cont = _the_engines(rec, call.prompt_ids)
+            assert call.completion_ids == cont.ids and call.logprobs == [float(x) for x in cont.logprobs]
+            _assert_scored(engine, call)
+    finally:
+        engine.close()
 
 
 def test_credo_train_with_the_gateway_collector_on_vllm(tmp_path):
