@@ -67,16 +67,22 @@ def parquet_bytes(rows: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def dataset_card(subset: str, splits: list[str]) -> bytes:
+def dataset_card(subset: str, splits: list[str], num_bytes: dict[str, int] | None = None) -> bytes:
     """A dataset card whose ``configs`` name ``subset`` and its splits' Parquet files (``SUBSET/SPLIT-*``), as the
-    hub's Parquet datasets (openai/gsm8k) have: what ``datasets`` reads to find a subset in a snapshot."""
+    hub's Parquet datasets (openai/gsm8k) have: what ``datasets`` reads to find a subset in a snapshot; with
+    ``num_bytes``, its ``dataset_info`` states those split sizes."""
     files = "".join(f"  - split: {s}\n    path: {subset}/{s}-*\n" for s in splits)
-    return f"---\nconfigs:\n- config_name: {subset}\n  data_files:\n{files}---\n# test dataset\n".encode()
+    info = ""
+    if num_bytes:
+        info = f"dataset_info:\n  config_name: {subset}\n  splits:\n" + "".join(
+            f"  - name: {s}\n    num_bytes: {n}\n    num_examples: 1\n" for s, n in num_bytes.items())
+    return f"---\n{info}configs:\n- config_name: {subset}\n  data_files:\n{files}---\n# test dataset\n".encode()
 
 
-def add_dataset(cache: Path, repo_id: str, splits: dict[str, list[dict]], *, subset: str = "main", **kw) -> str:
+def add_dataset(cache: Path, repo_id: str, splits: dict[str, list[dict]], *, subset: str = "main",
+                num_bytes: dict[str, int] | None = None, **kw) -> str:
     """A Parquet dataset repository (card + ``SUBSET/SPLIT-00000-of-00001.parquet``) as one commit."""
-    files: dict[str, bytes | Path] = {"README.md": dataset_card(subset, list(splits))}
+    files: dict[str, bytes | Path] = {"README.md": dataset_card(subset, list(splits), num_bytes)}
     files.update({f"{subset}/{s}-00000-of-00001.parquet": parquet_bytes(rows) for s, rows in splits.items()})
     return add_snapshot(cache, repo_id, files, repo_type="dataset", **kw)
 

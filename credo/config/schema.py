@@ -91,8 +91,9 @@ class TaskConfig:
     split: str = opt("train", "task.name=hf: the training split")
     eval_split: str | None = opt(None, "task.name=hf: the eval split; null = hold out eval_fraction of the training "
                                  "split (as for files)")
-    streaming: bool = opt(False, "task.name=hf: stream the split instead of downloading it whole (large sets): the "
-                          "first train_size rows are read (eval_split: the first eval_size)")
+    streaming: bool | None = opt(None, "task.name=hf: stream the split instead of downloading it whole, reading its "
+                                 "first train_size rows (eval_split: eval_size); null = stream when the dataset "
+                                 "card says the split is over 1 GiB")
     answer_transform: str | None = opt(None, "file / hf rows: rewrite the answer field before use: gsm8k = the "
                                        "number after the last '####' (commas dropped), boxed = the content of the last "
                                        "\\boxed{...}; a row it cannot rewrite is a bad row",

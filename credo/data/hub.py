@@ -14,7 +14,8 @@ Where the rows come from:
   subsets); else what ``load_dataset`` prepared on an earlier online run (``HF_DATASETS_CACHE``); else a
   :class:`HubDatasetNotFound` naming the id, the caches and the command that fetches it.
 
-``task.streaming=true`` streams the split instead of downloading it whole and reads at most ``train_size`` rows
+A streamed split (``task.streaming=true``, or null and the dataset card's split info over
+:data:`LARGE_SPLIT_BYTES`) is read row by row instead of being downloaded whole, at most ``train_size`` rows
 (``eval_size`` of an ``eval_split``).
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from credo.data.files import (BadRowsWarning, DatasetError, FileDataset, _check_
                               rows_to_dataset)
 
 log = logging.getLogger(__name__)
+LARGE_SPLIT_BYTES = 1 << 30  # task.streaming=null streams a split whose card says it is larger (1 GiB of Arrow data)
 
 
 class HubDatasetNotFound(DatasetError, FileNotFoundError):
@@ -39,22 +41,25 @@ class HubDatasetNotFound(DatasetError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class HubSplit:
-    """What was read: the dataset id, the commit of the snapshot when known, the subset and the split."""
+    """What was read: the dataset id, the commit of the snapshot when known, the subset, the split, whether it was
+    streamed."""
 
     dataset: str
     commit: str | None
     subset: str | None
     split: str
+    streamed: bool = False
 
 
-def load_hub_split(cfg, split: str, *, limit: int | None = None) -> tuple[FileDataset, HubSplit]:
+def load_hub_split(cfg, split: str, *, stream_rows: int | None = None) -> tuple[FileDataset, HubSplit]:
     """The examples of one split of ``cfg.dataset`` (``cfg``: a :class:`credo.config.TaskConfig`) and where they
-    came from; at most ``limit`` rows are read (streaming). Bad rows as in :func:`credo.data.files.load_dataset_file`
-    (a :class:`BadRowsWarning` when some were skipped)."""
+    came from; a streamed split is read up to ``stream_rows`` rows. Bad rows as in
+    :func:`credo.data.files.load_dataset_file` (a :class:`BadRowsWarning` when some were skipped)."""
     ref = parse_hub_id(cfg.dataset)
     if ref is None:
         raise DatasetError(f"task.dataset: {cfg.dataset!r} is not a hub dataset id (org/name[@revision])")
     ds, source = open_split(ref, cfg.subset, split, streaming=cfg.streaming)
+    limit = stream_rows if source.streamed else None
     where = f"{ref.repo_id}[{split}]"
     fields = _Fields(cfg.prompt_field, cfg.answer_field, None)
     columns = getattr(ds, "column_names", None)
@@ -75,8 +80,9 @@ def _rows(ds, max_bytes: int, limit: int | None) -> Iterator[tuple[int, Any, str
         yield (i, None, row_too_long(size, max_bytes)) if size > max_bytes else (i, row, "")
 
 
-def open_split(ref: HubId, subset: str | None, split: str, *, streaming: bool = False):
-    """``(datasets.Dataset or IterableDataset, HubSplit)`` of one split (module docstring: online, offline)."""
+def open_split(ref: HubId, subset: str | None, split: str, *, streaming: bool | None = False):
+    """``(datasets.Dataset or IterableDataset, HubSplit)`` of one split (module docstring: online, offline);
+    ``streaming=None``: streamed when the card's split info says it is over :data:`LARGE_SPLIT_BYTES`."""
     try:
         import datasets
     except ImportError:
@@ -87,16 +93,34 @@ def open_split(ref: HubId, subset: str | None, split: str, *, streaming: bool = 
     if hub_offline():
         snap = _cached_snapshot(ref)
         if snap is not None:
-            ds = _load(datasets, ref, str(snap), subset, split, streaming=streaming, revision=None)
-            return ds, HubSplit(ref.repo_id, snap.name, subset, split)
+            stream = _large(datasets, str(snap), subset, split, None) if streaming is None else streaming
+            ds = _load(datasets, ref, str(snap), subset, split, streaming=stream, revision=None)
+            return ds, HubSplit(ref.repo_id, snap.name, subset, split, stream)
         try:  # what load_dataset prepared online before (datasets' own cache)
             ds = _load(datasets, ref, ref.repo_id, subset, split, streaming=False, revision=ref.revision)
         except HubDatasetNotFound:
             raise HubDatasetNotFound(_offline_miss(ref, hub_cache_dir(), datasets.config.HF_DATASETS_CACHE)) from None
         return ds, HubSplit(ref.repo_id, None, subset, split)
     commit = dataset_commit(ref)
-    ds = _load(datasets, ref, ref.repo_id, subset, split, streaming=streaming, revision=commit or ref.revision)
-    return ds, HubSplit(ref.repo_id, commit, subset, split)
+    revision = commit or ref.revision
+    stream = _large(datasets, ref.repo_id, subset, split, revision) if streaming is None else streaming
+    ds = _load(datasets, ref, ref.repo_id, subset, split, streaming=stream, revision=revision)
+    return ds, HubSplit(ref.repo_id, commit, subset, split, stream)
+
+
+def _large(datasets, path: str, subset: str | None, split: str, revision: str | None) -> bool:
+    """Whether the dataset card's split info puts ``split`` over :data:`LARGE_SPLIT_BYTES` (unknown: no)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            splits = datasets.load_dataset_builder(path, subset, revision=revision).info.splits or {}
+    except Exception:  # noqa: BLE001 - no builder (a bad subset, unreachable): load_dataset reports it in its words
+        return False
+    info = splits.get(split)
+    size = getattr(info, "num_bytes", None) or 0
+    if size > LARGE_SPLIT_BYTES:
+        log.info("task.dataset: split %s of %s is %.1f GiB (dataset card): streamed", split, path, size / (1 << 30))
+    return size > LARGE_SPLIT_BYTES
 
 
 def dataset_commit(ref: HubId) -> str | None:

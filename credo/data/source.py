@@ -27,7 +27,7 @@ class TaskData:
     sft_batch: Callable | None = None
     stage_train: list[list[Example]] = field(default_factory=list)  # per sequential stage (agent RL)
     origins: dict[str, tuple[str, int]] = field(default_factory=dict)  # file rows: uid -> (path, line)
-    source: dict = field(default_factory=dict)  # task.name=hf: {dataset, commit, subset, split, eval_split}
+    source: dict = field(default_factory=dict)  # task.name=hf: {dataset, commit, subset, split, eval_split, streamed}
 
 
 def format_prompts(data: TaskData, tokenizer, *, template: str = "{prompt}", chat: bool = False) -> TaskData:
@@ -89,19 +89,16 @@ def _load_hub(cfg, data_seed: int) -> TaskData:
     from credo.data.hub import load_hub_split
 
     origins: dict[str, tuple[str, int]] = {}
-    stream = cfg.streaming
-    train, source = _collect(lambda: load_hub_split(cfg, cfg.split, limit=cfg.train_size if stream else None),
-                             origins)
+    train, source = _collect(lambda: load_hub_split(cfg, cfg.split, stream_rows=cfg.train_size), origins)
     bad = list(train.bad_rows)
     if cfg.eval_split:
-        evals, _ = _collect(lambda: load_hub_split(cfg, cfg.eval_split, limit=cfg.eval_size if stream else None),
-                            origins)
+        evals, _ = _collect(lambda: load_hub_split(cfg, cfg.eval_split, stream_rows=cfg.eval_size), origins)
         train_ex, eval_ex = train.examples, evals.examples
         bad += evals.bad_rows
     else:
         train_ex, eval_ex = split_examples(train.examples, cfg.eval_fraction, data_seed)
     info = {"dataset": source.dataset, "commit": source.commit, "subset": source.subset, "split": source.split,
-            "eval_split": cfg.eval_split}
+            "eval_split": cfg.eval_split, "streamed": source.streamed}
     return TaskData(f"hf:{cfg.dataset}", train_ex, eval_ex, "exact_match", lambda ex: ex.answer, bad,
                     origins=origins, source=info)
 

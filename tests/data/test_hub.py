@@ -51,7 +51,7 @@ def test_a_hub_dataset_loads_offline_with_bad_rows_skipped_counted_and_located(h
                                "task.answer_transform=gsm8k", "task.eval_split=test"), seed=0)
     assert data.name == "hf:org/gsm"
     assert data.source == {"dataset": "org/gsm", "commit": commit, "subset": "main", "split": "train",
-                           "eval_split": "test"}
+                           "eval_split": "test", "streamed": False}
     assert len(data.train) == 18 and len(data.eval) == 5  # 20 rows - 2 bad, 6 rows - 1 bad
     assert [str(b) for b in data.bad_rows] == [
         "org/gsm[train]:4: field 'answer': answer_transform=gsm8k: no '#### <number>' line in '5'",
@@ -76,6 +76,15 @@ def test_without_eval_split_a_fraction_is_held_out_and_streaming_reads_train_siz
     assert [e.uid for e in streamed.train] == [f"org/gsm[train]:{i}" for i in (0, 1, 2, 3, 5)]  # row 4 bad
     assert [e.uid for e in streamed.eval] == ["org/gsm[test]:0", "org/gsm[test]:1", "org/gsm[test]:2"]
     assert len(streamed.bad_rows) == 1
+
+
+def test_a_split_the_card_says_is_large_is_streamed(hub):
+    cache, _ = hub
+    rows = [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)]
+    add_dataset(cache, "org/big", {"train": rows}, num_bytes={"train": 5 << 30})  # the card: 5 GiB
+    streamed = load_task_data(task("task.dataset=org/big", "task.train_size=4", "task.eval_fraction=0.25"), seed=0)
+    assert streamed.source["streamed"] is True and len(streamed.train) + len(streamed.eval) == 4
+    # a card without split sizes (org/gsm's) is not streamed unless asked: test_a_hub_dataset_loads_offline_...
 
 
 def test_chat_message_prompts_dotted_answers_and_the_other_columns_as_files_do(hub):
