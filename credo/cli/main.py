@@ -362,7 +362,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         "estimators": lambda: [f"{n:<12} {_hp(algo.ADVANTAGE_ESTIMATORS[n].hparams)}"
                                for n in algo.list_advantage_estimators()],
         "rewards": list_rewards,
-        "tasks": lambda: ["file         JSONL/Parquet dataset (task.train_file)"] +
+        "tasks": lambda: ["file         JSONL/Parquet dataset (task.train_file)",
+                          "hf           a Hugging Face hub dataset (task.dataset=org/name, task.subset, task.split)"] +
                          [f"{n:<12} {_hp(task_param_names(n))}" for n in list_tasks()] +
                          ["rg:NAME      a reasoning-gym dataset (task.params = its config; docs/tasks.md)"],
         "presets": lambda: sorted(p.stem for p in REPO_CONFIGS.glob("*.yaml")) if REPO_CONFIGS.is_dir() else [],
