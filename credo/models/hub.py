@@ -10,7 +10,7 @@ the cache alone, and a miss is a :class:`HubModelNotFound` (a ``FileNotFoundErro
 the cache directory and the command that fetches it.
 
 :func:`pin` turns a hub id into ``org/name@<commit>`` of the snapshot it resolved to: a run records that in its
-``config.yaml`` (credo.recipes.preflight.pin_hub_models), so a resumed run, ``credo eval`` and ``credo export``
+``config.yaml`` (credo.recipes.preflight.pin_hub_ids), so a resumed run, ``credo eval`` and ``credo export``
 read the same weights even after the branch moved. :func:`hub_origin` says which repository and commit a
 snapshot directory holds (a LoRA adapter's base record names it).
 """
