@@ -83,7 +83,7 @@ def test_old_override_keys_read_against_the_preset():
      "unknown key 'rollout.collector.filter_groups' for rollout.collector.type=tree (a key of type group)"),
     (["rollout.collector.type=agent", "rollout.collector.num_splits=2"], "(a key of type tree)"),
     (["token_select.type=entropy", "token_select.perturb=mask"], "(a key of type vepo)"),
-    (["rollout.collector.type=trees"], "rollout.collector.type: 'trees' is not one of group, tree, agent "
+    (["rollout.collector.type=trees"], "rollout.collector.type: 'trees' is not one of group, tree, agent, gateway "
                                        "(did you mean 'tree'?)"),
     # ... and old-layout ones that have no single meaning are one line
     (["attnrl.enabled=true", "agent.envs=[calc]", "algo.advantage=attnrl"], "choose one"),
