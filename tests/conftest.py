@@ -93,24 +93,28 @@ def tiny_model():
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` (the addopts): three workers per core, at most 16 (never fewer than the cores). Much of the
-    suite waits rather than computes (on the `credo` processes tests start, each importing torch and
-    transformers; on servers, deadlines, sandboxed programs), so one worker per core leaves the cores idle. The
-    README's command on 2 shared cores: 7 min 49 s with 2 workers, 6 min 18 s with 4, 5 min 31 s with 6, 7 min 53 s
-    with 8 (the other sessions' load rose to 9 during that run)."""
+    """``-n auto`` (the addopts): two workers per core, at most 16 (never fewer than the cores). Part of the suite
+    waits rather than computes (on the `credo` processes tests start, on servers, deadlines, sandboxed programs),
+    so one worker per core leaves the cores idle; each worker also collects the whole suite (about 15 CPU-seconds),
+    so more workers cost more. The README's command in a fresh clone on 2 cores shared with other sessions: 6 min
+    6 s with 2 workers, 5 min 27 s with 4, 5 min 41 s with 6."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(cores, min(3 * cores, 16))
+    return max(cores, min(2 * cores, 16))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Users of the ``sandbox`` fixture run in the sandbox's xdist group (tests/sandbox_util.py: one pool at a
-    time on a host); tryfirst: before pytest-xdist reads the groups."""
+    """xdist groups (--dist loadgroup; tryfirst: before pytest-xdist reads them): users of the ``sandbox`` fixture
+    join the sandbox's group (tests/sandbox_util.py: one pool at a time on a host); every other test is grouped by
+    its file, so a file runs in one worker and its module fixtures (servers, tiny runs) and heavy imports (trackers,
+    task libraries) are paid once, not once per worker."""
     from tests.sandbox_util import ONE_POOL_AT_A_TIME
 
     for item in items:
         if "sandbox" in getattr(item, "fixturenames", ()) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(ONE_POOL_AT_A_TIME)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
