@@ -174,3 +174,25 @@ def _reap_when_gone(parent: int, marker: str, poll_s: float) -> None:
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _reap_when_gone(int(sys.argv[1]), sys.argv[2], GUARD_POLL_S)
+
+
+_STUCK_THREADS: list[str] = []
+
+
+def mark_stuck_thread(what: str) -> None:
+    """A thread is blocked in native code that cannot be stopped (``ray.init`` retrying a port that is no Ray
+    cluster): the process must leave through :func:`exit_now_if_stuck`, because finalizing the interpreter under
+    such a thread can abort it (Ray 2.60: ``std::bad_alloc``, exit -6 instead of the error's exit code)."""
+    _STUCK_THREADS.append(what)
+
+
+def exit_now_if_stuck(code: int) -> None:
+    """``os._exit(code)`` after flushing stdout and stderr when a thread was marked stuck; else return."""
+    if not _STUCK_THREADS:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

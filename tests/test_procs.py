@@ -498,3 +498,21 @@ def test_ray_actors_and_their_verifier_workers_end_with_the_driver(tmp_path):
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp, ignore_errors=True)
     assert not left, left
+
+
+def test_a_marked_stuck_thread_makes_the_cli_leave_with_os_exit_and_its_code():
+    """Regression (issue 35's full run): a credo process whose ray.init thread was still stuck in Ray's native code
+    printed its one-line error and then aborted while finalizing (std::bad_alloc, exit -6 instead of 2). A marked
+    stuck thread makes the exit skip finalization: the code stays, buffered output is flushed, and a thread that
+    would never end does not hold the exit."""
+    code = ("import sys, threading, time\n"
+            "from credo.procs import exit_now_if_stuck, mark_stuck_thread\n"
+            "exit_now_if_stuck(5)\n"  # nothing marked: returns
+            "threading.Thread(target=lambda: time.sleep(3600)).start()\n"  # non-daemon: a normal exit would wait
+            "sys.stdout.write('buffered')\n"
+            "mark_stuck_thread('test')\n"
+            "exit_now_if_stuck(2)\n"
+            "print('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "buffered"

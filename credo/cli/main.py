@@ -24,6 +24,7 @@ from pathlib import Path
 
 from credo.recipes.cli_common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
 from credo.config import ConfigError, load_config
+from credo.procs import exit_now_if_stuck
 from credo.recipes.preflight import preflight
 from credo.errors import RunStopped
 from credo.guards import GuardError
@@ -39,6 +40,12 @@ EXIT_CONFIG = 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    exit_now_if_stuck(code)  # a thread stuck in native code (credo.procs.mark_stuck_thread): no finalization
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     unknown = [a for a in extra if a.startswith("-") or "=" not in a]

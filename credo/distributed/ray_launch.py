@@ -30,7 +30,7 @@ from typing import Any, Callable
 from credo.config import ConfigError
 from credo.train.data_parallel import DataParallel
 from credo.http_auth import is_loopback
-from credo.procs import reap_when_gone
+from credo.procs import mark_stuck_thread, reap_when_gone
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,7 @@ def _init_within(ray, timeout_s: float, shown: str, **kwargs: Any) -> None:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
+        mark_stuck_thread("ray.init")  # the CLI leaves with os._exit: finalizing under it can abort (credo.procs)
         raise RayUnreachable(f"distributed.ray_address={shown}: it accepts connections but no Ray cluster "
                              f"answered within {timeout_s:g} s")
     if failure:
