@@ -76,6 +76,11 @@ def echo_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("openenv")
     _copy_template_directory("openenv.cli.templates.openenv_env", "", root / "echo_env",
                              _create_template_replacements("echo_env"), "echo_env")
+    # the template serves one WebSocket session at a time ("increase this number to allow more concurrent
+    # WebSocket sessions"): a group's episodes run at once
+    app = root / "echo_env" / "server" / "app.py"
+    assert "max_concurrent_envs=1," in app.read_text()
+    app.write_text(app.read_text().replace("max_concurrent_envs=1,", "max_concurrent_envs=4,"))
     port, log = _free_port(), root / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(port)], cwd=root, stdout=out,
@@ -210,4 +215,27 @@ def test_an_openenv_episode_through_credos_gateway(echo_server, offline):
     for prev, call in zip(stepped, rec.calls[1:]):
         prompt = tok.decode(call.prompt_ids, skip_special_tokens=True)
         assert json.dumps(prev, ensure_ascii=False)[1:-1] in prompt
-    assert len(stitch(rec.calls)) >= 1
+    assert len(stitch(rec.calls)) == 1  # the turns extend one another: one trajectory
+
+
+def test_credo_train_on_an_openenv_env(tmp_path, echo_server, offline):
+    """`credo train` with the gateway collector on the OpenEnv echo env: one step of a group of two concurrent
+    episodes (two WebSocket sessions on the server), three turns each, none failed, each stitched into one
+    trajectory, rewarded by the server (0.1 per character of the tiny model's 8-token replies)."""
+    from credo.cli.main import main
+
+    url, _ = echo_server
+    run_dir = tmp_path / "run"
+    args = [
+        "model.hidden_size=32", "model.intermediate_size=64", "model.max_position_embeddings=4096",
+        "task.train_size=1", "task.eval_size=1", "rollout.group_size=2", "train.prompts_per_step=1",
+        "rollout.max_new_tokens=8", "warm_start.steps=0", "train.steps=1", "train.threads=1",
+        "rollout.collector.type=gateway", "rollout.collector.verifiers.env=openenv",
+        f"rollout.collector.verifiers.args.base_url={url}", "rollout.collector.verifiers.max_turns=3",
+    ]
+    assert main(["-q", "train", "--run-dir", str(run_dir), *args]) == 0
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    [step] = [m for m in metrics if "gateway/episodes" in m]
+    assert step["gateway/episodes"] == 2 and step["gateway/failed_episodes"] == 0
+    assert step["gateway/calls_per_episode"] == 3 and step["gateway/segments_per_episode"] == 1
+    assert 0 < step["reward/min"] <= step["reward/max"] <= 0.1 * 8 * 3 + 1e-9  # one character a token
