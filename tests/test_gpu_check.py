@@ -1,0 +1,86 @@
+"""tools/gpu_check.sh (issue 36 item 7, the GPU certification check; never run on a GPU yet): its --dry-run on the
+CPU lists every step with its command and writes the JSON, the train steps' overrides are ones this tree's config
+accepts, a real run here skips the CUDA steps with their reason, and its metrics parser takes medians past step 0."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gpu_check", REPO / "tools" / "gpu_check.py")
+gc = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gc  # its dataclasses look their module up
+_spec.loader.exec_module(gc)  # tools/ is a folder of scripts, not a package
+
+STEPS = ["pytest_gpu", "rl_hf_cuda", "rl_vllm_colocated_sleep", "rl_vllm_server", "fsdp2_all_gpus",
+         "activation_checkpointing", "mixed_precision_bf16", "weight_sync_nccl", "weight_sync_bench", "pytest_vllm"]
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "tmp.json"
+    proc = subprocess.run([str(REPO / "tools" / "gpu_check.sh"), "--out", str(out), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert out.is_file(), proc.stderr[-2000:]
+    return proc, json.loads(out.read_text())
+
+
+def test_dry_run_lists_every_step_with_its_command(tmp_path: Path):
+    proc, report = _run(tmp_path, "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["dry_run"] is True and "never run on a GPU" in report["note"]
+    assert [s["name"] for s in report["steps"]] == STEPS
+    for s in report["steps"]:
+        assert s["status"] == "dry-run" and s["command"] and s["timeout_s"] > 0, s
+        assert s["would_skip"] is None or isinstance(s["would_skip"], str)
+    by = {s["name"]: s for s in report["steps"]}
+    assert "-m gpu" in by["pytest_gpu"]["command"] and "-m vllm" in by["pytest_vllm"]["command"]
+    assert "model.hidden_size=896" in by["rl_hf_cuda"]["command"] and "model.device=cuda" in by["rl_hf_cuda"]["command"]
+    assert "rollout.vllm.sleep=true" in by["rl_vllm_colocated_sleep"]["command"]
+    assert "rollout.vllm.mode=server" in by["rl_vllm_server"]["command"]
+    assert "torchrun" in by["fsdp2_all_gpus"]["command"] and "distributed.strategy=fsdp2" in by["fsdp2_all_gpus"]["command"]
+    # every train step whose feature is in the tree has overrides the config accepts (a renamed key fails here)
+    checked = [s for s in report["steps"] if "config_error" in s]
+    assert {"rl_hf_cuda", "rl_vllm_server", "fsdp2_all_gpus"} <= {s["name"] for s in checked}
+    assert all(s["config_error"] is None for s in checked), checked
+    assert set(report["facts"]) >= {"cuda_available", "gpus", "nvidia_smi", "torch", "vllm"}
+    assert sum(report["steps"][i]["timeout_s"] for i in range(len(STEPS))) > report["budget_s"] >= 60
+
+
+def test_without_cuda_a_real_run_skips_with_the_reason(tmp_path: Path):
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("CUDA here: this checks the CPU behaviour")
+    proc, report = _run(tmp_path, "--only", "pytest_gpu", "rl_hf_cuda")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [s["name"] for s in report["steps"]] == ["pytest_gpu", "rl_hf_cuda"]
+    for s in report["steps"]:
+        assert s["status"] == "skipped" and "no CUDA device" in s["reason"] and s["wall_s"] == 0.0, s
+
+
+def test_unknown_step_is_refused(tmp_path: Path):
+    proc = subprocess.run([str(REPO / "tools" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path / "x.json"),
+                           "--only", "no_such_step"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and "no_such_step" in proc.stderr
+
+
+def test_run_parser_takes_medians_past_the_first_step(tmp_path: Path):
+    rows = [{"step": 0, "timing_s/step": 9.0, "perf/tokens_per_s": 1.0},
+            {"step": 1, "timing_s/step": 1.0, "perf/tokens_per_s": 10.0},
+            {"step": 2, "timing_s/step": 3.0, "perf/tokens_per_s": 30.0},
+            {"step": 3, "timing_s/step": 2.0, "perf/tokens_per_s": 20.0},
+            {"step": 3, "eval/greedy_acc": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "peak_cuda.json").write_text(json.dumps({"peak_allocated_gib": 3.5}))
+    figs = gc.parse_run(str(tmp_path))
+    assert figs["timing_s/step (median)"] == 2.0 and figs["perf/tokens_per_s (median)"] == 20.0
+    assert figs["first_step_s"] == 9.0 and figs["steps_logged"] == 4 and figs["peak_allocated_gib"] == 3.5
+    assert gc.parse_pytest("3 passed, 2 skipped, 1 deselected in 4.2s") == {"passed": 3, "skipped": 2,
+                                                                           "deselected": 1}
+    line = "smollm2 (RANDOM weights, 513 MiB float32) server: start-up 9.1 s; sync median 11.200 s (min 1, max 2, 3 syncs)"
+    assert gc.parse_bench(line) == {"smollm2 server sync median s": 11.2}
