@@ -303,6 +303,12 @@ class TrainConfig:
     logprob_chunk_size: int | None = opt(None, "tokens per chunk of the log-prob / entropy computation from hidden "
                                          "states (memory O(chunk * vocab)); null = 2^26 / vocab; 0 = materialise "
                                          "the full (B, T, V) logits", min=0)
+    activation_checkpointing: bool = opt(False, "recompute each decoder layer's activations in the backward pass "
+                                         "instead of keeping them (transformers' per-layer gradient checkpointing, "
+                                         "non-reentrant): activation memory ~ the layers' inputs + one layer's "
+                                         "activations, for about one more forward of compute; same gradients. The "
+                                         "shared-prompt forward (share_prompt) is not used while it is on "
+                                         "(docs/performance.md)")
     lr: float = opt(3e-4, "AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0.0)
     betas: list = opt(None, "AdamW betas", factory=lambda: [0.9, 0.99])

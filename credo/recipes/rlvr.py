@@ -30,6 +30,7 @@ from credo.config import RunConfig
 from credo.data.sampler import prompt_sampler
 from credo.data.source import TaskData, drop_overlong, format_prompts, model_context
 from credo.train.data_parallel import DataParallel
+from credo.train.activation_checkpointing import enable_activation_checkpointing
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
 from credo.guards import Guards
@@ -136,6 +137,8 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
         data = drop_overlong(data, tokenizer, cfg.task, context=model_context(model),
                              max_new_tokens=cfg.rollout.max_new_tokens)
     model, fresh = lora_policy(cfg, model, tokenizer, data, run_dir, fresh=fresh, resumed=ckpt is not None)
+    if cfg.train.activation_checkpointing:  # per decoder layer (credo.train.activation_checkpointing)
+        enable_activation_checkpointing(model)
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
     with contextlib.ExitStack() as stack:
         parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)  # a piece that cannot be built fails here
@@ -253,6 +256,8 @@ def shard_policy_of(cfg: RunConfig, parts: Parts) -> None:
 def attach_critic(cfg: RunConfig, parts: Parts, critic: ValueModel) -> None:
     c = cfg.critic
     parts.critic = critic
+    if cfg.train.activation_checkpointing:
+        enable_activation_checkpointing(critic)
     parts.critic_optimizer = build_optimizer(critic, lr=c.lr, weight_decay=c.weight_decay, betas=cfg.train.betas)
     parts.critic_scheduler = _scheduler(cfg, parts.critic_optimizer)
 

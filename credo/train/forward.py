@@ -8,6 +8,7 @@ import torch
 from credo.algo import entropy_from_logits, logprobs_from_logits
 from credo.algo.logprobs import check_token_stats, token_stats_from_logits
 from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
+from credo.train.activation_checkpointing import recomputing
 from credo.train.fsdp import sharded_root
 from credo.models.compat import cache_kwargs, output_cache
 from credo.train.packing import pack, token_budget_groups, valid_responses
@@ -88,7 +89,8 @@ def response_hidden(model: torch.nn.Module, batch: TrainBatch, opts: ForwardOpti
         hidden = out.reshape(-1, out.shape[-1])[packed.response_index.to(device)]  # (N, H)
         return hidden, packed.labels.to(device), packed.valid.to(device)
     valid = valid_responses(batch).to(device)  # (B, T)
-    shared = shared_prompts(batch) if opts.share_prompt else None
+    # layer checkpointing drops the KV cache the shared-prompt forward runs the responses on (activation_checkpointing)
+    shared = shared_prompts(batch) if opts.share_prompt and not recomputing(model) else None
     if shared is not None and opts.pack_responses:
         hidden = packed_shared_hidden(model, batch, *shared, valid, opts.row_tokens)  # (N, H)
         return hidden, batch.responses.to(device)[valid], valid
