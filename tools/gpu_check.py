@@ -66,8 +66,9 @@ class Step:
 
 def _train(out_dir: Path, name: str, *overrides: str, launcher: list[str] | None = None) -> tuple[list[str], str]:
     run_dir = str(out_dir / name)
-    if launcher:  # torchrun: the console script, each rank one process
-        cmd = [*launcher, "credo", "train", "--run-dir", run_dir]
+    if launcher:  # torchrun: each rank the console script on its own GPU (credo does not read LOCAL_RANK)
+        cmd = [*launcher, "bash", "-c", 'CUDA_VISIBLE_DEVICES=$LOCAL_RANK exec credo "$@"', "credo-rank",
+               "train", "--run-dir", run_dir]
     else:  # in process through the peak-memory wrapper below
         cmd = [PY, str(Path(__file__).resolve()), "_peak", "--", "train", "--run-dir", run_dir]
     return [*cmd, *QWEN2_0P5B, *RL_RUN, *overrides], run_dir
