@@ -84,3 +84,15 @@ def test_run_parser_takes_medians_past_the_first_step(tmp_path: Path):
                                                                            "deselected": 1}
     line = "smollm2 (RANDOM weights, 513 MiB float32) server: start-up 9.1 s; sync median 11.200 s (min 1, max 2, 3 syncs)"
     assert gc.parse_bench(line) == {"smollm2 server sync median s": 11.2}
+
+
+def test_feature_steps_are_compared_with_the_plain_run():
+    entries = [{"name": "rl_hf_cuda", "status": "passed",
+                "figures": {"peak_allocated_gib": 8.0, "timing_s/step (median)": 2.0}},
+               {"name": "activation_checkpointing", "status": "passed",
+                "figures": {"peak_allocated_gib": 2.0, "timing_s/step (median)": 2.5}},
+               {"name": "mixed_precision_bf16", "status": "skipped", "figures": {}}]
+    gc.compare_to_baseline(entries)
+    assert entries[1]["figures"]["peak_allocated_gib / rl_hf_cuda's"] == 0.25
+    assert entries[1]["figures"]["timing_s/step (median) / rl_hf_cuda's"] == 1.25
+    assert entries[2]["figures"] == {}

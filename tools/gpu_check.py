@@ -244,6 +244,19 @@ def run_step(step: Step, budget_end: float, logs: Path) -> dict:
     return res
 
 
+def compare_to_baseline(entries: list[dict], baseline: str = "rl_hf_cuda") -> None:
+    """Figures of the feature steps (same run as ``baseline`` plus one override) as ratios to ``baseline``'s."""
+    base = next((e for e in entries if e["name"] == baseline and e["status"] == "passed"), None)
+    if base is None:
+        return
+    for e in entries:
+        if e["name"] in FEATURE_KEYS and e["status"] == "passed":
+            for key in ("peak_allocated_gib", "timing_s/step (median)"):
+                a, b = e.get("figures", {}).get(key), base.get("figures", {}).get(key)
+                if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
+                    e["figures"][f"{key} / {baseline}'s"] = round(a / b, 4)
+
+
 def peak_main(argv: list[str]) -> int:
     """``gpu_check.py _peak -- <credo args>``: credo's CLI in this process, then peak CUDA memory into the run dir."""
     import torch
@@ -305,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         report["steps"].append(entry)
         out.write_text(json.dumps(report, indent=2) + "\n")  # after every step: a killed check keeps what ran
+    compare_to_baseline(report["steps"])
     report["wall_s"] = round(time.monotonic() - t_start, 2)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"gpu_check: wrote {out}", flush=True)
