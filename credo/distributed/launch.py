@@ -1,12 +1,15 @@
 """Starting and stopping the data-parallel process group from a run's config (``distributed.*``)."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import torch
 
 from credo.train.data_parallel import LOCAL, DataParallel
+
+log = logging.getLogger(__name__)
 
 
 def init_data_parallel(cfg) -> DataParallel:
@@ -38,6 +41,72 @@ def rank_run_dir(dp: DataParallel, run_dir: Path | None) -> Path:
     shared = [str(run_dir) if dp.rank == 0 else None]
     dist.broadcast_object_list(shared, src=0, group=dp.group)
     return Path(shared[0]) if dp.rank == 0 else Path(shared[0]) / f"rank{dp.rank}"
+
+
+def agree_on_checkpoint(dp: DataParallel, run_dir: Path, ckpt: Path | None) -> tuple[Path | None, Path | None]:
+    """A data-parallel resume: ``(this rank's checkpoint, the checkpoint whose model/ and critic/ it loads)``.
+    Every rank resumes the same step (the oldest of the ranks' newest intact checkpoints: a kill can leave rank 0
+    one checkpoint ahead) and loads rank 0's weights (DDP replicas are identical; rank r > 0 saves none, since
+    transformers' ``save_pretrained`` writes weights on rank 0 only), checked against rank 0's manifest, so rank 0's
+    run directory must be readable by every rank. A collective: every rank calls it; a problem on any rank is
+    raised on all of them (docs/distributed.md, "Resuming a torchrun run")."""
+    if not dp.enabled:
+        if ckpt is not None and (problem := _more_ranks(dp, Path(run_dir), ckpt.name)):
+            raise ValueError(problem)
+        return ckpt, ckpt
+    import torch.distributed as dist
+
+    from credo.train.checkpoint import CKPT_DIR, checkpoint_problem
+
+    names: list = [None] * dp.world_size
+    dist.all_gather_object(names, None if ckpt is None else ckpt.name, group=dp.group)
+    if all(n is None for n in names):
+        return None, None
+    missing = [r for r, n in enumerate(names) if n is None]
+    problem = None
+    if missing:
+        problem = (f"cannot resume: rank(s) {missing} have no intact checkpoint, the others have "
+                   f"{sorted(set(n for n in names if n))} (was the "
+                   f"run started with another number of ranks? it must be resumed with the same torchrun "
+                   f"--nproc-per-node)")
+    else:
+        name = min(names, key=lambda n: int(n.split("_")[-1]))
+        own = Path(run_dir) / CKPT_DIR / name
+        leader_dir = Path(run_dir) if dp.rank == 0 else Path(run_dir).parent
+        leader = leader_dir / CKPT_DIR / name
+        problem = checkpoint_problem(own) if own != ckpt else None
+        if problem is None and dp.rank == 0:
+            problem = _more_ranks(dp, Path(run_dir), name)
+        if problem is None and dp.rank > 0:
+            problem = checkpoint_problem(leader)
+            if problem is not None:
+                problem = f"rank {dp.rank} cannot load rank 0's weights ({problem}); every rank loads rank 0's " \
+                          f"checkpoint: {leader_dir} must be on a filesystem that every rank reads"
+    problems: list = [None] * dp.world_size
+    dist.all_gather_object(problems, problem, group=dp.group)
+    first = next((p for p in problems if p is not None), None)
+    if first is not None:
+        raise FileNotFoundError(first)
+    if name != names[dp.rank]:
+        log.warning("resuming from %s (rank(s) %s stopped before their newer checkpoint)", name,
+                    [r for r, n in enumerate(names) if n != name])
+    return own, leader
+
+
+def _more_ranks(dp: DataParallel, run_dir: Path, name: str) -> str | None:
+    """Why rank 0's checkpoint ``name`` cannot be resumed on ``dp.world_size`` ranks: a rank at or past that
+    number (``RUN_DIR/rank{r}``) wrote the same checkpoint, so the run had more ranks (each rank's sampler, RNG
+    and rollout streams are its own: resharding them is not implemented)."""
+    from credo.train.checkpoint import CKPT_DIR
+
+    written = dp.world_size
+    while (run_dir / f"rank{written}" / CKPT_DIR / name).is_dir():
+        written += 1
+    if written == dp.world_size:
+        return None
+    return (f"{run_dir / CKPT_DIR / name} was written by a run on {written} ranks; resuming it on {dp.world_size} "
+            f"is not supported: relaunch with torchrun --nproc-per-node {written} (or `credo export` it and start "
+            f"a new run from its weights)")
 
 
 def shutdown(dp: DataParallel) -> None:

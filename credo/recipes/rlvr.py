@@ -32,7 +32,7 @@ from credo.data.source import TaskData, drop_overlong, format_prompts, model_con
 from credo.train.data_parallel import DataParallel
 from credo.train.activation_checkpointing import enable_activation_checkpointing
 from credo.distributed.coordinator import RolloutCoordinator
-from credo.distributed.launch import init_data_parallel, rank_run_dir, shutdown
+from credo.distributed.launch import agree_on_checkpoint, init_data_parallel, rank_run_dir, shutdown
 from credo.guards import Guards
 from credo.models import ValueModel, load_model, load_or_build, num_parameters
 from credo.models.vision import expand_image_prompts
@@ -122,6 +122,8 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     seed_everything(cfg.seed, cfg.train.threads)
     data = load_data(cfg, cfg.seed)
     ckpt = resume_checkpoint(run_dir) if resume else None  # the newest intact one (damaged ones are skipped)
+    # data parallel: the same step on every rank, and rank 0's weights (rank r > 0 saves none)
+    ckpt, weights = agree_on_checkpoint(dp, run_dir, ckpt) if resume else (None, None)
     if resume and ckpt is None:
         raise FileNotFoundError(f"no complete, intact checkpoint in {run_dir}/checkpoints (the run stopped before "
                                 f"its first checkpoint?); start it again in the same folder with: credo train "
@@ -129,7 +131,7 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     if ckpt is not None and cfg.distributed.strategy == "fsdp2":
         raise NotImplementedError("resuming a distributed.strategy=fsdp2 run is not implemented: its checkpoints "
                                   "hold the whole weights but each rank's optimizer state is sharded")
-    model, tokenizer, fresh = (load_model(ckpt / "model", cfg.model) + (False,)) if ckpt else \
+    model, tokenizer, fresh = (load_model(weights / "model", cfg.model) + (False,)) if ckpt else \
         load_or_build(cfg.model, seed=cfg.seed)
     if cfg.rollout.collector.type != "agent":  # single-turn prompts (agent episodes build theirs from the envs)
         data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
@@ -142,7 +144,7 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     log.info("policy: %s parameters, run dir %s", f"{num_parameters(model):,}", run_dir)
     with contextlib.ExitStack() as stack:
         parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)  # a piece that cannot be built fails here
-        state = restore(cfg, ckpt, parts) if ckpt else start(cfg, run_dir, parts, fresh)
+        state = restore(cfg, ckpt, parts, weights) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, parts.plan, run_dir, parts.model)
         if cfg.distributed.strategy == "fsdp2":
             shard_policy_of(cfg, parts)
@@ -293,15 +295,17 @@ def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
     return saved
 
 
-def restore(cfg: RunConfig, ckpt: Path, parts: Parts) -> RunState:
-    """Resume from ``ckpt``; a trainer state of an older credo is upgraded first (credo.train.migrate)."""
+def restore(cfg: RunConfig, ckpt: Path, parts: Parts, weights: Path | None = None) -> RunState:
+    """Resume from ``ckpt`` (its critic from ``weights``: rank 0's checkpoint of the step in a data-parallel
+    run); a trainer state of an older credo is upgraded first (credo.train.migrate)."""
+    weights = weights or ckpt
     saved = migrate_trainer_state(load_trainer_state(ckpt), sampling=SamplingParams.of(cfg.rollout))
     parts.optimizer.load_state_dict(saved["optimizer"])
     parts.scheduler.load_state_dict(saved["scheduler"])
     parts.rollout.load_state_dict(saved)
     parts.collector.load_state_dict(saved[COLLECTOR_KEY])
-    if (ckpt / "critic").is_dir():
-        attach_critic(cfg, parts, ValueModel.load(ckpt / "critic", cfg.model.device))
+    if (weights / "critic").is_dir():
+        attach_critic(cfg, parts, ValueModel.load(weights / "critic", cfg.model.device))
         parts.critic_optimizer.load_state_dict(saved["critic_optimizer"])
         parts.critic_scheduler.load_state_dict(saved["critic_scheduler"])
     set_rng_state(saved["rng"])

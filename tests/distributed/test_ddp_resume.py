@@ -1,0 +1,90 @@
+"""Kill-and-resume of a data-parallel run (`torchrun --nproc-per-node 2`, gloo on the CPU, distributed.strategy=ddp):
+the run interrupted at the start of RL step 2 and continued with ``credo train --resume`` logs the uninterrupted
+run's metrics on both ranks and ends with its final weights; every rank restores rank 0's weights (rank 1's
+checkpoint ``model/`` holds only the tokenizer) and its own optimizer, RNG and sampler state. A resume on another
+number of ranks is refused in one line (docs/distributed.md, "Resuming a torchrun run").
+
+Run as a script (``torchrun ... python THIS_FILE train ARGS``) it is ``credo train`` with RL step
+``CREDO_TEST_STOP_AT`` interrupted by a KeyboardInterrupt on every rank, as tests/conftest.py's
+``full_and_resumed_runs`` does in one process."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "rollout.max_new_tokens=8", "warm_start.steps=3",
+              "warm_start.batch_size=8", "reward.workers=1"]
+VOLATILE = ("timing_s/", "perf/", "time", "wall")
+
+
+def _rows(path: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in map(json.loads, open(path))]
+
+
+def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_ddp_run_killed_and_resumed_matches_the_uninterrupted_run(tmp_path):
+    from safetensors.torch import load_file
+
+    credo, torchrun = shutil.which("credo"), shutil.which("torchrun")
+    if credo is None or torchrun is None:
+        pytest.skip("the credo / torchrun console scripts are not on PATH")
+    common = ["train.steps=4", "train.prompts_per_step=8", "rollout.group_size=4", "eval.every=2", "eval.size=8",
+              "checkpoint.every=1", "checkpoint.keep=2", "log.report=false", "log.tensorboard=false",
+              "log.progress=false", "train.threads=1", f"output_dir={tmp_path}", *TINY_MODEL,
+              "reward.name=tests.reward_fixtures:length_score", "distributed.backend=torchrun",
+              "distributed.rollout=replicate", "distributed.strategy=ddp"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    two = [torchrun, "--nproc-per-node", "2"]
+    full = _run([*two, "--no-python", credo, "train", *common, "run_name=full"], env)
+    assert full.returncode == 0, full.stderr[-3000:]
+    cut = _run([*two, "--no-python", sys.executable, __file__, "train", *common, "run_name=cut"], {**env, "CREDO_TEST_STOP_AT": "2"})
+    assert cut.returncode != 0, cut.stderr[-3000:]
+    assert "KeyboardInterrupt" in cut.stderr or "interrupted" in cut.stderr, cut.stderr[-3000:]
+    ckpts = tmp_path / "cut" / "rank1" / "checkpoints" / "step_000002"
+    assert (ckpts / "model" / "tokenizer_config.json").is_file()
+    assert not list((ckpts / "model").glob("*.safetensors"))  # rank 1 saves no weights: it loads rank 0's
+    assert len(_rows(tmp_path / "cut" / "metrics.jsonl")) == 3  # steps 0-2, then the kill
+
+    # another number of ranks is refused, in one line, before anything trains
+    shutil.copytree(tmp_path / "cut", tmp_path / "copy")  # (a resume's overrides are written to its config.yaml)
+    one = _run([credo, "train", "--resume", str(tmp_path / "copy"), "distributed.backend=none"], env)
+    assert one.returncode != 0
+    assert "was written by a run on 2 ranks; resuming it on 1 is not supported" in one.stderr, one.stderr[-2000:]
+
+    resumed = _run([*two, "--no-python", credo, "train", "--resume", str(tmp_path / "cut")], env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for rel in ("metrics.jsonl", "rank1/metrics.jsonl"):
+        want, got = _rows(tmp_path / "full" / rel), _rows(tmp_path / "cut" / rel)
+        assert [r["step"] for r in want] == [0, 1, 2, 3, 4]
+        assert any(r.get("actor/grad_norm", 0) > 0 for r in want[3:])  # the resumed steps moved the weights
+        assert got == want, rel
+    w_full, w_cut = (load_file(next((tmp_path / p / "final").glob("*.safetensors"))) for p in ("full", "cut"))
+    assert w_full.keys() == w_cut.keys()
+    for name in w_full:
+        torch.testing.assert_close(w_cut[name], w_full[name], rtol=0, atol=0, msg=name)
+
+
+if __name__ == "__main__":  # torchrun ... python THIS_FILE train ARGS: credo train, interrupted at a step
+    import credo.recipes.rlvr as rlvr
+    from credo.cli.main import main
+
+    stop_at, real = int(os.environ["CREDO_TEST_STOP_AT"]), rlvr.rl_step
+
+    def interrupted(cfg, parts, state, *, step):
+        if step == stop_at:
+            raise KeyboardInterrupt
+        return real(cfg, parts, state, step=step)
+
+    rlvr.rl_step = interrupted
+    sys.exit(main(["-q", *sys.argv[1:]]))
