@@ -107,7 +107,8 @@ def workload_of(cfg, ranks: int, prompt_tokens: int) -> Workload:
     return Workload(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=r.max_new_tokens,
                     micro_batch=min(micro, per_rank), gen_batch=min(r.max_batch_size, gen), dtype=cfg.model.dtype,
                     chunk_size=t.logprob_chunk_size, ppo_epochs=t.ppo_epochs, old_logprob_pass=old_pass,
-                    reference=cfg.algo.kl_coef > 0, eager_attention=cfg.model.attn_implementation == "eager")
+                    reference=cfg.algo.kl_coef > 0, eager_attention=cfg.model.attn_implementation == "eager",
+                    activation_checkpointing=t.activation_checkpointing)
 
 
 def _fmt(n: int, unit: int) -> str:

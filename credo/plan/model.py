@@ -32,7 +32,9 @@ without dropout are, by module,
                            the eager kernel keeps a * s attention probabilities per token instead),
   SwiGLU MLP     4 I      (gate, silu(gate), up, their product read by down_proj),
 i.e. 9 H + 2 kv' + 4 I + a (11 H + 4 I + a with a mask) per layer per token, plus 3 H for the final norm.
-T_mb = micro-batch sequences x (prompt + response) tokens. Validated on the CPU (docs/plan.md, 5-8% above the
+With ``train.activation_checkpointing`` each layer keeps only its input hidden state and the backward recomputes
+one layer at a time, so L * (9 H + 2 kv' + 4 I + a) becomes L * H + (9 H + 2 kv' + 4 I + a) [derived; measured on
+the CPU in docs/performance.md, "Activation checkpointing"]. T_mb = micro-batch sequences x (prompt + response) tokens. Validated on the CPU (docs/plan.md, 5-8% above the
 measured saved tensors). The log-prob head never holds the (T, V) logits: ``train.logprob_chunk_size`` rows (default
 2^26 / V, credo.algo.chunked) are formed at a time, so the head adds the kept response hidden states plus, at the
 peak of its backward, 3 float32 (chunk, V) blocks (logits, probabilities, their gradient) [derived];
@@ -44,7 +46,8 @@ pass costs 2 N + 2 L n_ctx d_attn per token, forward + backward about 3x that, s
     generation   2 N_mm per prompt token (prefill) and per generated token, + attention 4 L H ctx per token
     training     6 N_body per token of prompt + response, 8 V H per response token (the head runs only on them;
                  its chunked backward recomputes the logits, 2 V H more; 6 V H with logprob_chunk_size=0),
-                 + attention 3 x 4 L H s per token, times train.ppo_epochs
+                 + attention 3 x 4 L H s per token, times train.ppo_epochs; activation checkpointing adds
+                 one more forward of the layers (2 N_body + 4 L H s per token)
     old log-prob 2 N_body per token + 2 V H per response token + attention 4 L H s, when the pass runs
     reference    the same forward again when algo.kl_coef > 0
 
@@ -110,6 +113,7 @@ class Workload:
     eager_attention: bool = False
     masked: bool = True  # padded batches carry an attention mask (k, v repeated to every head); False = no mask
     trainable_params: int | None = None  # None = all parameters (LoRA: the adapters')
+    activation_checkpointing: bool = False  # train.activation_checkpointing: layers keep only their inputs
 
 
 def layer_params(m: ModelShape) -> int:
@@ -146,7 +150,9 @@ def activation_bytes(m: ModelShape, w: Workload) -> int:
     resp = w.micro_batch * w.new_tokens
     scores = m.heads * seq if w.eager_attention else m.heads
     kv = m.hidden if w.masked else m.kv_dim  # kv'
-    per_token = m.layers * (9 * m.hidden + 2 * kv + 4 * m.intermediate + scores) + 3 * m.hidden  # elements
+    layer = 9 * m.hidden + 2 * kv + 4 * m.intermediate + scores  # one layer's kept elements per token
+    # checkpointing: each layer keeps its input (H) and the backward recomputes one layer at a time
+    per_token = (m.layers * m.hidden + layer if w.activation_checkpointing else m.layers * layer) + 3 * m.hidden
     b = DTYPE_BYTES[w.dtype]
     head = resp * m.hidden * b + 3 * chunk_rows(m, w, resp) * m.vocab * 4  # kept hidden + 3 fp32 (rows, V) blocks
     return tokens * per_token * b + head
@@ -234,6 +240,8 @@ def step_flops(m: ModelShape, w: Workload) -> Flops:
     fwd = forward_flops(m, w.sequences, seq, w.new_tokens)
     # the chunked head's backward recomputes each chunk's logits: + 2 V H per response token (8 V H, not 6 V H)
     recompute = 0 if w.chunk_size == 0 else 2 * m.vocab * m.hidden * w.sequences * w.new_tokens
+    if w.activation_checkpointing:  # the backward runs each layer's forward again (not the output projection)
+        recompute += fwd - 2 * m.vocab * m.hidden * w.sequences * w.new_tokens
     return Flops(generation=generation_flops(m, w), training=(3 * fwd + recompute) * w.ppo_epochs,
                  old_logprob=fwd if w.old_logprob_pass else 0, reference=fwd if w.reference else 0)
 

@@ -160,3 +160,19 @@ def test_a_tiny_credo_train_run_with_activation_checkpointing(tmp_path):
     norms = [r["actor/grad_norm"] for r in steps if "actor/grad_norm" in r]
     assert len(norms) == 2 and all(n > 0 for n in norms)  # both RL steps ran a backward through recomputed layers
     assert "Caching is incompatible" not in out.stderr  # no forward asked for a cache under checkpointing
+
+
+def test_plan_models_checkpointing_as_layer_inputs_plus_one_layer():
+    """credo plan's activation model (docs/plan.md): L layers' activations become L layer inputs + one layer's."""
+    from credo.plan.model import ModelShape, Workload, activation_bytes, forward_flops, step_flops
+
+    m = ModelShape(vocab=10, hidden=4, intermediate=8, layers=3, heads=2, kv_heads=1)
+    kw = dict(sequences=2, prompt_tokens=3, new_tokens=2, micro_batch=2, gen_batch=2, chunk_size=0)
+    off, on = Workload(**kw), Workload(**kw, activation_checkpointing=True)
+    # one layer per token: 9 H + 2 kv' (= H, masked) + 4 I + a = 36 + 8 + 32 + 2 = 78 elements; 10 tokens, 4 bytes;
+    # head: 4 response tokens x H x 4 bytes + 3 x (4, V) fp32 = 64 + 480
+    assert activation_bytes(m, off) == 10 * (3 * 78 + 12) * 4 + 544 == 10384
+    assert activation_bytes(m, on) == 10 * (3 * 4 + 78 + 12) * 4 + 544 == 4624
+    # the recompute: one more forward of the layers, not of the output projection (2 V H per response token)
+    extra = step_flops(m, on).training - step_flops(m, off).training
+    assert extra == forward_flops(m, 2, 5, 2) - 2 * 10 * 4 * 2 * 2 > 0
