@@ -66,9 +66,8 @@ def agree_on_checkpoint(dp: DataParallel, run_dir: Path, ckpt: Path | None) -> t
     problem = None
     if missing:
         problem = (f"cannot resume: rank(s) {missing} have no intact checkpoint, the others have "
-                   f"{sorted(set(n for n in names if n))} (was the "
-                   f"run started with another number of ranks? it must be resumed with the same torchrun "
-                   f"--nproc-per-node)")
+                   f"{sorted(set(n for n in names if n))} (was the run started on fewer ranks? resume it with the "
+                   f"same torchrun --nproc-per-node)")
     else:
         name = min(names, key=lambda n: int(n.split("_")[-1]))
         own = Path(run_dir) / CKPT_DIR / name
@@ -88,8 +87,8 @@ def agree_on_checkpoint(dp: DataParallel, run_dir: Path, ckpt: Path | None) -> t
     if first is not None:
         raise FileNotFoundError(first)
     if name != names[dp.rank]:
-        log.warning("resuming from %s (rank(s) %s stopped before their newer checkpoint)", name,
-                    [r for r, n in enumerate(names) if n != name])
+        log.warning("resuming from %s: the newer checkpoint of rank(s) %s, which the others did not write, is "
+                    "not used", name, [r for r, n in enumerate(names) if n != name])
     return own, leader
 
 

@@ -75,6 +75,76 @@ def test_ddp_run_killed_and_resumed_matches_the_uninterrupted_run(tmp_path):
         torch.testing.assert_close(w_cut[name], w_full[name], rtol=0, atol=0, msg=name)
 
 
+def _fake_checkpoint(root: Path, step: int) -> None:
+    """An intact checkpoint as far as credo.train.checkpoint.checkpoint_problem can tell (files, manifest, marker)."""
+    from credo.train.checkpoint import COMPLETE, write_manifest
+
+    ckpt = root / "checkpoints" / f"step_{step:06d}"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "model" / "config.json").write_text("{}")
+    write_manifest(ckpt)
+    (ckpt / COMPLETE).write_text(ckpt.name)
+    (root / "checkpoints" / "latest").write_text(ckpt.name)
+
+
+def _agree_worker(rank: int, init_file: str, run: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from credo.distributed.launch import agree_on_checkpoint
+    from credo.train.checkpoint import resume_checkpoint
+    from credo.train.data_parallel import DataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        own_dir = Path(run) / (f"rank{rank}" if rank else "")
+        try:
+            got = [str(p) for p in agree_on_checkpoint(DataParallel(rank, 2), own_dir, resume_checkpoint(own_dir))]
+        except (FileNotFoundError, ValueError) as exc:
+            got = [f"{type(exc).__name__}: {exc}"]
+        Path(out, f"{rank}.json").write_text(json.dumps(got))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _agree(tmp_path: Path, run: Path) -> list[list[str]]:
+    import torch.multiprocessing as mp
+
+    out = tmp_path / f"out-{run.name}"
+    out.mkdir()
+    mp.start_processes(_agree_worker, args=(str(out / "init"), str(run), str(out)), nprocs=2, join=True,
+                       start_method="spawn")
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+
+
+def test_ranks_agree_on_the_oldest_newest_checkpoint_and_load_rank_0s_weights(tmp_path):
+    """Rank 0 killed after its step-2 checkpoint, rank 1 before its own: both resume step 1, rank 1 with rank 0's
+    weights; a rank without any checkpoint (a run started on fewer ranks) stops every rank in one line, and a
+    single process refuses a 2-rank run's checkpoint."""
+    from credo.distributed.launch import agree_on_checkpoint
+    from credo.train.data_parallel import LOCAL
+
+    ahead = tmp_path / "ahead"
+    for step in (1, 2):
+        _fake_checkpoint(ahead, step)
+    _fake_checkpoint(ahead / "rank1", 1)
+    r0, r1 = _agree(tmp_path, ahead)
+    step1 = str(ahead / "checkpoints" / "step_000001")
+    assert r0 == [step1, step1]
+    assert r1 == [str(ahead / "rank1" / "checkpoints" / "step_000001"), step1]
+
+    fewer = tmp_path / "fewer"
+    _fake_checkpoint(fewer, 1)
+    (fewer / "rank1").mkdir()
+    for got in _agree(tmp_path, fewer):
+        assert got[0].startswith("FileNotFoundError: cannot resume: rank(s) [1] have no intact checkpoint"), got
+
+    ckpt = ahead / "checkpoints" / "step_000001"  # rank 1 wrote it too
+    assert agree_on_checkpoint(LOCAL, ahead / "rank1", None) == (None, None)
+    with pytest.raises(ValueError, match="written by a run on 2 ranks; resuming it on 1 is not supported"):
+        agree_on_checkpoint(LOCAL, ahead, ckpt)
+
+
 if __name__ == "__main__":  # torchrun ... python THIS_FILE train ARGS: credo train, interrupted at a step
     import credo.recipes.rlvr as rlvr
     from credo.cli.main import main
