@@ -176,3 +176,52 @@ def test_plan_models_checkpointing_as_layer_inputs_plus_one_layer():
     # the recompute: one more forward of the layers, not of the output projection (2 V H per response token)
     extra = step_flops(m, on).training - step_flops(m, off).training
     assert extra == forward_flops(m, 2, 5, 2) - 2 * 10 * 4 * 2 * 2 > 0
+
+
+def _counting(fn, calls):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+    return counted
+
+
+def _fsdp2_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from credo.train.data_parallel import DataParallel
+    from tests.distributed.test_data_parallel import _setup, _update
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model, batch = _setup()
+        enable_activation_checkpointing(model)  # the sharded copy recomputes its layers
+        calls = []
+        for layer in model.model.layers:  # count the checkpointed calls (a function survives the deepcopy)
+            layer._gradient_checkpointing_func = _counting(layer._gradient_checkpointing_func, calls)
+        grads, metrics = _update(model, batch, "token-mean", DataParallel(rank, world), fsdp2=True)
+        assert calls, "no layer was checkpointed under FSDP2"
+        if rank == 0:
+            torch.save({"grads": grads, "metrics": metrics}, os.path.join(out_dir, "fsdp2.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_with_checkpointing_equals_one_plain_rank(tmp_path):
+    """FSDP2 over 2 gloo ranks with every layer checkpointed (transformers checkpoints the layer's forward inside
+    FSDP2's hooks, so each unit's gather and reduce-scatter run once): the update equals one plain process's."""
+    import torch.multiprocessing as mp
+
+    from credo.train.data_parallel import LOCAL
+    from tests.distributed.test_data_parallel import _setup, _update
+
+    mp.start_processes(_fsdp2_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    model, batch = _setup()
+    want, want_metrics = _update(model, batch, "token-mean", LOCAL)
+    got = torch.load(tmp_path / "fsdp2.pt")
+    assert any(g.abs().max() > 0 for g in want)
+    for g1, g2 in zip(got["grads"], want):
+        torch.testing.assert_close(g1, g2, rtol=0, atol=1e-6)
+    assert got["metrics"]["actor/pg_loss"] == pytest.approx(want_metrics["actor/pg_loss"], abs=1e-6)
