@@ -45,7 +45,7 @@ def test_ddp_run_killed_and_resumed_matches_the_uninterrupted_run(tmp_path):
               "reward.name=tests.reward_fixtures:length_score", "distributed.backend=torchrun",
               "distributed.rollout=replicate", "distributed.strategy=ddp"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    two = [torchrun, "--nproc-per-node", "2"]
+    two = [torchrun, "--standalone", "--nproc-per-node", "2"]  # a free port: other tests run torchrun at once
     full = _run([*two, "--no-python", credo, "train", *common, "run_name=full"], env)
     assert full.returncode == 0, full.stderr[-3000:]
     cut = _run([*two, "--no-python", sys.executable, __file__, "train", *common, "run_name=cut"], {**env, "CREDO_TEST_STOP_AT": "2"})
