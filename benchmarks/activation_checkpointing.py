@@ -9,11 +9,15 @@ and the bytes of the tensors autograd saves in the forward (``saved_tensors_hook
 counted each time, parameters included), deterministic. Predicted: credo.plan.model.activation_bytes.
 
     OMP_NUM_THREADS=1 python benchmarks/activation_checkpointing.py [--batch 4 --prompt 128 --response 128]
+    OMP_NUM_THREADS=1 python benchmarks/activation_checkpointing.py --time 7   # + paired fwd+bwd seconds, off / on
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -71,11 +75,31 @@ def measure(overrides: list[str], batch: int, prompt: int, response: int, ckpt: 
             "saved": saved_bytes(model, ids, prompt)}
 
 
+def paired_times(overrides: list[str], batch: int, prompt: int, response: int, pairs: int) -> tuple[float, float]:
+    """Median forward + backward seconds without / with checkpointing, the two alternating step by step."""
+    cfg = load_config(None, overrides)
+    plain, _ = build_model(cfg.model)
+    ckpt = enable_activation_checkpointing(copy.deepcopy(plain))
+    ids = torch.randint(4, shape_of(cfg.model).vocab, (batch, prompt + response),
+                        generator=torch.Generator().manual_seed(0))
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for i in range(2 * pairs + 2):
+        model = (plain, ckpt)[i % 2]
+        model.train()
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        loss_of(model, ids, prompt).backward()
+        if i >= 2:  # the first pair warms up
+            times[i % 2].append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--response", type=int, default=128)
+    ap.add_argument("--time", type=int, default=0, help="also time N alternating fwd+bwd pairs (off / on)")
     args = ap.parse_args()
     torch.manual_seed(0)
     print(f"micro-batch {args.batch} x ({args.prompt} + {args.response}) tokens, float32; MiB")
@@ -86,6 +110,12 @@ def main() -> None:
             r = measure(SIZES[name] + ["model.num_layers=8"], args.batch, args.prompt, args.response, ckpt)
             print(f"| {name} 8 layers | {'on' if ckpt else 'off'} | {r['pred'] / MIB:.1f} "
                   f"| {r['after'] / MIB:.1f} | {r['peak'] / MIB:.1f} | {r['grads'] / MIB:.1f} | {r['saved'] / MIB:.1f} |", flush=True)
+    if args.time:
+        print("| model | fwd+bwd off (s) | on (s) | on / off |")
+        print("|---|---:|---:|---:|")
+        for name in ("~5M", "~20M"):
+            off, on = paired_times(SIZES[name] + ["model.num_layers=8"], args.batch, args.prompt, args.response, args.time)
+            print(f"| {name} | {off:.3f} | {on:.3f} | {on / off:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
