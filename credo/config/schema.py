@@ -307,8 +307,8 @@ class TrainConfig:
                                          "instead of keeping them (transformers' per-layer gradient checkpointing, "
                                          "non-reentrant): activation memory ~ the layers' inputs + one layer's "
                                          "activations, for about one more forward of compute; same gradients. The "
-                                         "shared-prompt forward (share_prompt) is not used while it is on "
-                                         "(docs/performance.md)")
+                                         "update's forward then runs each prompt per row, not the shared-prompt "
+                                         "forward (share_prompt; no-grad passes still use it) (docs/performance.md)")
     lr: float = opt(3e-4, "AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0.0)
     betas: list = opt(None, "AdamW betas", factory=lambda: [0.9, 0.99])
