@@ -66,7 +66,7 @@ class Step:
 
 def _train(out_dir: Path, name: str, *overrides: str, launcher: list[str] | None = None) -> tuple[list[str], str]:
     run_dir = str(out_dir / name)
-    if launcher:  # torchrun: each rank the console script on its own GPU (credo does not read LOCAL_RANK)
+    if launcher:  # torchrun: each rank the console script on its own GPU (credo also pins cuda:LOCAL_RANK itself)
         cmd = [*launcher, "bash", "-c", 'CUDA_VISIBLE_DEVICES=$LOCAL_RANK exec credo "$@"', "credo-rank",
                "train", "--run-dir", run_dir]
     else:  # in process through the peak-memory wrapper below

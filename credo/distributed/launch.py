@@ -25,10 +25,31 @@ def init_data_parallel(cfg) -> DataParallel:
                          "launch with `torchrun --nproc-per-node N --no-python credo train ...`")
     import torch.distributed as dist
 
+    pin_local_gpu()
     comm = d.comm if d.comm != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     if not dist.is_initialized():
         dist.init_process_group(comm, init_method="env://")
     return DataParallel(dist.get_rank(), dist.get_world_size())
+
+
+def pin_local_gpu() -> int | None:
+    """Under torchrun on a machine with GPUs: make this rank's GPU, ``cuda:LOCAL_RANK``, the current CUDA device,
+    so ``model.device=cuda`` (which means the current device) and NCCL put each rank of a node on its own GPU
+    rather than every rank on ``cuda:0``; a rank that sees one GPU (the sbatch template's CUDA_VISIBLE_DEVICES=$LOCAL_RANK)
+    uses it. Returns the device index (None without CUDA or LOCAL_RANK). Written to
+    torch's documented API and never run on a GPU here (docs/distributed.md)."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or not local.isdigit() or not torch.cuda.is_available():
+        return None
+    index = int(local)
+    if torch.cuda.device_count() == 1:  # each rank given its own GPU (CUDA_VISIBLE_DEVICES=$LOCAL_RANK): that one
+        index = 0
+    elif index >= torch.cuda.device_count():
+        raise ValueError(f"LOCAL_RANK={index} but this process sees {torch.cuda.device_count()} GPU(s): start at "
+                         "most one rank per visible GPU (torchrun --nproc-per-node), or leave CUDA_VISIBLE_DEVICES "
+                         "unset")
+    torch.cuda.set_device(index)
+    return index
 
 
 def rank_run_dir(dp: DataParallel, run_dir: Path | None) -> Path:

@@ -64,7 +64,7 @@ def _saved_bytes(fn) -> int:
 
 @pytest.mark.parametrize("opts", [ForwardOptions(chunk_size=4), ForwardOptions(chunk_size=0),
                                   ForwardOptions(chunk_size=3, pack=True, row_tokens=16)], ids=["padded", "logits", "packed"])
-def test_checkpointed_gradients_equal_the_plain_ones(opts, float64_norms):
+def test_checkpointed_gradients_equal_the_plain_ones(opts, float64_norms):  # noqa: F811 (the fixture imported above)
     model, tok = _model64()
     batch = _batch(tok)
     plain = _loss_and_grads(model, batch, opts)
@@ -86,7 +86,7 @@ def test_checkpointing_saves_fewer_bytes_for_backward():
     assert ckpt < 0.6 * plain, (ckpt, plain)
 
 
-def test_lora_policy_checkpointed_gradients_equal_the_plain_ones(float64_norms):
+def test_lora_policy_checkpointed_gradients_equal_the_plain_ones(float64_norms):  # noqa: F811 (the fixture imported above)
     from credo.config.schema import LoraConfig
     from credo.models.lora import apply_lora
 
@@ -106,7 +106,7 @@ def test_lora_policy_checkpointed_gradients_equal_the_plain_ones(float64_norms):
 
 
 @pytest.mark.parametrize("pack_responses", [False, True])
-def test_shared_prompt_forward_falls_back_to_the_full_forward(pack_responses, float64_norms, monkeypatch):
+def test_shared_prompt_forward_falls_back_to_the_full_forward(pack_responses, float64_norms, monkeypatch):  # noqa: F811 (the fixture imported above)
     """transformers drops the KV cache inside checkpointed layers, which the shared-prompt forward runs the responses
     on: while layers recompute it is not used (the full forward runs), and the gradients are still the plain ones."""
     from credo.train import forward
@@ -125,7 +125,7 @@ def test_shared_prompt_forward_falls_back_to_the_full_forward(pack_responses, fl
     _assert_same(plain, _loss_and_grads(model, batch, opts), {n for n, p in model.named_parameters()})
 
 
-def test_critic_backbone_is_checkpointed(float64_norms):
+def test_critic_backbone_is_checkpointed(float64_norms):  # noqa: F811 (the fixture imported above)
     from credo.models.value import ValueModel
     from credo.train.forward import response_outputs
 
