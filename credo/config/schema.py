@@ -417,6 +417,10 @@ class DistributedConfig:
                                        "error (exit code 2)", min=0.1)
     worker_cpus: float = opt(1.0, "ray mode: CPUs each actor reserves (trainer ranks, rollout and reward workers)",
                              min=0.0)
+    ray_placement: str = opt("default", "ray mode: where Ray places the actors; default = Ray's default scheduling "
+                             "(fills a node before the next); spread = each kind of actor (trainer ranks, rollout "
+                             "workers, reward workers) spread over the nodes (Ray's SPREAD strategy)",
+                             choices=("default", "spread"))
     trainer_gpus: float = opt(0.0, "ray mode: GPUs each trainer rank reserves", min=0.0)
     rollout_gpus: float = opt(0.0, "ray mode: GPUs each rollout worker reserves", min=0.0)
     inject_faults: list = opt(None, "testing aid, ray mode: KIND:WORKER:CALL entries (KIND rollout or reward) "

@@ -165,18 +165,20 @@ def _init_within(ray, timeout_s: float, shown: str, **kwargs: Any) -> None:
 
 def train_on_ray(cfg, run_dir: Path, resume: bool, entry: Entry) -> Path:
     """Run ``entry(cfg, run_dir, resume, dp)`` on every trainer rank; returns rank 0's run directory."""
-    from credo.distributed.ray_pools import _ray
+    from credo.distributed.ray_pools import _ray, scheduling
 
     ray = _ray()
     d = cfg.distributed
     connected = connect(cfg)
     ranks: list[Any] = []
     try:
-        actor = ray.remote(num_cpus=d.worker_cpus, num_gpus=d.trainer_gpus, max_restarts=0)(TrainerRank)
+        actor = ray.remote(num_cpus=d.worker_cpus, num_gpus=d.trainer_gpus, max_restarts=0,
+                           **scheduling(d.ray_placement))(TrainerRank)
         ranks = [actor.remote(r, d.world_size) for r in range(d.world_size)]
         addr, port = ray.get(ranks[0].rendezvous.remote())
-        log.info("ray: %d trainer ranks (rendezvous %s:%d), %d rollout workers, %d reward workers",
-                 d.world_size, addr, port, d.rollout_workers, d.reward_workers)
+        log.info("ray: %d trainer ranks (rendezvous %s:%d) on nodes %s, %d rollout workers, %d reward workers "
+                 "(placement %s)", d.world_size, addr, port, ray.get([a.node_id.remote() for a in ranks]),
+                 d.rollout_workers, d.reward_workers, d.ray_placement)
         runs = [a.run.remote(entry, cfg, str(Path(run_dir).resolve()), resume, addr, port, os.getcwd())
                 for a in ranks]
         return Path(_first_failure_or_all(ray, runs)[0])
@@ -201,6 +203,12 @@ class TrainerRank:
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (logged by the driver)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port for the process group's TCP store (called on rank 0)."""

@@ -152,17 +152,28 @@ def split(n_items: int, n_workers: int) -> list[Share]:
     return shares
 
 
+def scheduling(placement: str) -> dict[str, Any]:
+    """``ray.remote`` options for ``distributed.ray_placement``: ``default`` leaves Ray's default scheduling,
+    ``spread`` asks for Ray's SPREAD strategy (the actors of one kind go to different nodes while they fit)."""
+    if placement == "default":
+        return {}
+    if placement == "spread":
+        return {"scheduling_strategy": "SPREAD"}
+    raise ValueError(f"distributed.ray_placement must be default or spread, got {placement!r}")
+
+
 class WorkerSet:
     """N actors of one class; :meth:`run` maps shares of a call over them and replaces any that die."""
 
     def __init__(self, kind: str, cls: type, n: int, make_args: Callable[[], tuple[tuple, dict]], *,
                  num_cpus: float, num_gpus: float = 0.0, faults: dict[int, int] | None = None,
-                 on_replace: Callable[[Any], None] | None = None) -> None:
+                 on_replace: Callable[[Any], None] | None = None, placement: str = "default") -> None:
         ray = _ray()
         if n < 1:
             raise ValueError(f"{kind} workers must be >= 1, got {n}")
         self.kind = kind
-        self._remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(cls)
+        self._remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0,
+                                  **scheduling(placement))(cls)
         self._make_args = make_args
         self._on_replace = on_replace
         self.restarts = 0
@@ -224,7 +235,8 @@ class RolloutPool:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, workers: int, seed: int = 0,
                  max_batch_size: int = 256, lean: bool = True, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 threads: int = 1, faults: dict[int, int] | None = None, vllm: Any = None) -> None:
+                 threads: int = 1, faults: dict[int, int] | None = None, vllm: Any = None,
+                 placement: str = "default") -> None:
         self.tokenizer = tokenizer
         self.model_config = model.config
         self.generator = torch.Generator(device="cpu")
@@ -245,7 +257,7 @@ class RolloutPool:
         make = lambda: ((config, tokenizer), dict(dtype=dtype, threads=threads, **extra))
         self._weights = None  # ObjectRef of the served weights (replacements load it)
         self.workers = WorkerSet("rollout", cls, workers, make, num_cpus=num_cpus, num_gpus=num_gpus,
-                                 faults=faults, on_replace=self._prime)
+                                 faults=faults, on_replace=self._prime, placement=placement)
         self._closes = vllm is not None  # vLLM workers stop their engine (and its processes, its folder) first
         self.update_weights(model, version=0)
 
@@ -319,13 +331,13 @@ class RewardPool:
     """The :class:`~credo.rewards.RewardRunner` interface over ``workers`` Ray reward actors."""
 
     def __init__(self, runner_kwargs: dict[str, Any], *, workers: int, num_cpus: float = 1.0,
-                 faults: dict[int, int] | None = None) -> None:
+                 faults: dict[int, int] | None = None, placement: str = "default") -> None:
         from credo.rewards.registry import get_reward_fn
 
         get_reward_fn(runner_kwargs["name_or_path"])  # an unknown verifier fails here, not in a worker
         self.name = runner_kwargs["name_or_path"]
         self.workers = WorkerSet("reward", RewardWorker, workers, lambda: ((runner_kwargs,), {}),
-                                 num_cpus=num_cpus, faults=faults)
+                                 num_cpus=num_cpus, faults=faults, placement=placement)
 
     @property
     def restarts(self) -> int:

@@ -84,7 +84,8 @@ def reward_runner(cfg: RunConfig, data: TaskData):
     if d.backend == "ray":
         from credo.distributed.ray_pools import RewardPool
 
-        return RewardPool(kwargs, workers=d.reward_workers, num_cpus=d.worker_cpus, faults=injected_faults(cfg, "reward"))
+        return RewardPool(kwargs, workers=d.reward_workers, num_cpus=d.worker_cpus, faults=injected_faults(cfg, "reward"),
+                          placement=d.ray_placement)
     if not r.mix:
         return _routed(cfg, RewardRunner(**kwargs))
     components = [(kwargs["name_or_path"], r.weight, _routed(cfg, RewardRunner(**kwargs)))]
@@ -131,7 +132,7 @@ def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int, log_dir=None)
         return RolloutPool(model, tokenizer, workers=d.rollout_workers, seed=seed, max_batch_size=r.max_batch_size,
                            lean=r.lean_decode, num_cpus=d.worker_cpus, num_gpus=d.rollout_gpus,
                            threads=cfg.train.threads or 1, faults=injected_faults(cfg, "rollout"),
-                           vllm=vllm_options(cfg) if r.engine == "vllm" else None)
+                           vllm=vllm_options(cfg) if r.engine == "vllm" else None, placement=d.ray_placement)
     if r.engine == "vllm":
         from credo.rollout.vllm_engine import VLLMRolloutEngine, VLLMUnavailable, vllm_problem
 
