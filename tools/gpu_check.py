@@ -46,8 +46,7 @@ RL_RUN = ["train.steps=4", "train.prompts_per_step=8", "rollout.group_size=8", "
 # Candidate config keys of features other work adds (issue 36 items 2-4): the first one load_config accepts is used.
 FEATURE_KEYS = {
     "activation_checkpointing": [["train.activation_checkpointing=true"]],
-    "mixed_precision_bf16": [["train.mixed_precision=bf16"], ["train.mixed_precision=bfloat16"],
-                             ["model.mixed_precision=bf16"]],
+    "mixed_precision_bf16": [["train.mixed_precision=bf16"]],
     "weight_sync_nccl": [["rollout.vllm.weight_sync=nccl"], ["rollout.vllm.sync=nccl"],
                          ["rollout.weight_sync=nccl"], ["rollout.vllm.transport=nccl"]],
 }

@@ -190,10 +190,11 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------ FSDP2
 
-    def shard_policy(self) -> None:
-        """Shard the policy in place over the ranks, keeping a whole replica to save it from."""
+    def shard_policy(self, mixed_precision: str = "none") -> None:
+        """Shard the policy in place over the ranks, keeping a whole replica to save it from (``mixed_precision``:
+        train.mixed_precision, FSDP2's MixedPrecisionPolicy)."""
         self.replica = copy.deepcopy(self.model)
-        shard_policy(self.model, self.dp.world_size)
+        shard_policy(self.model, self.dp.world_size, mixed_precision)
 
     def plain_model(self):
         """The policy as one module with whole weights, for saving: the model itself, or for a sharded (FSDP2)

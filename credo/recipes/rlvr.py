@@ -245,7 +245,7 @@ def evaluate_now(cfg: RunConfig, parts: Parts, run_dir: Path, step: int, *, forc
 def shard_policy_of(cfg: RunConfig, parts: Parts) -> None:
     """distributed.strategy=fsdp2: shard the policy over the ranks (after the warm start, the reference and the
     critic were made from it whole); its optimizer is rebuilt on the shards."""
-    parts.rollout.shard_policy()
+    parts.rollout.shard_policy(cfg.train.mixed_precision)
     parts.optimizer = build_optimizer(parts.model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                                       betas=cfg.train.betas)
     parts.scheduler = _scheduler(cfg, parts.optimizer)

@@ -10,6 +10,7 @@ from credo.algo.logprobs import check_token_stats, token_stats_from_logits
 from credo.algo.chunked import chunked_logprobs_entropy, chunked_token_stats
 from credo.train.activation_checkpointing import recomputing
 from credo.train.fsdp import sharded_root
+from credo.train.mixed_precision import compute, full_precision, no_autocast
 from credo.models.compat import cache_kwargs, output_cache
 from credo.train.packing import pack, token_budget_groups, valid_responses
 from credo.train.shared_pack import packed_shared_hidden
@@ -42,6 +43,7 @@ class ForwardOptions:
     row_tokens: int | None = None  # None = the longest sequence of the micro-batch
     share_prompt: bool = False  # rows with the same prompt run it once (when pack is off)
     pack_responses: bool = False  # ... and their responses run packed, without padding (credo.train.shared_pack)
+    autocast: str = "none"  # train.mixed_precision for the backbone's autocast (none under FSDP2: its policy casts)
 
     @classmethod
     def of(cls, cfg) -> "ForwardOptions":
@@ -49,8 +51,9 @@ class ForwardOptions:
         # FSDP2: every rank must run the same modules in the same order (each unit's gather and reduce-scatter is
         # a collective), which the shared-prompt forward (the backbone twice, only where prompts repeat) breaks
         share = t.share_prompt and cfg.distributed.strategy != "fsdp2"
+        autocast = t.mixed_precision if cfg.distributed.strategy != "fsdp2" else "none"
         return cls(chunk_size=t.logprob_chunk_size, pack=t.pack, row_tokens=t.pack_row_tokens, share_prompt=share,
-                   pack_responses=share and t.pack_responses)
+                   pack_responses=share and t.pack_responses, autocast=autocast)
 
 
 NAIVE = ForwardOptions(chunk_size=0, pack=False)
@@ -173,17 +176,24 @@ def policy_logprobs(
 
 def _policy_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float, with_entropy: bool,
                      opts: ForwardOptions) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # mixed precision: the backbone computes in bf16, the log-probs in float32 (credo.train.mixed_precision)
     if opts.chunk_size == 0 and not opts.pack:
-        logits = response_logits(model, batch, temperature)
+        with compute(model, opts.autocast):
+            logits = response_logits(model, batch, temperature)
+        (logits,) = full_precision(logits)
         labels = batch.responses.to(logits.device)
-        logprobs = logprobs_from_logits(logits, labels)  # (B, T)
-        entropy = entropy_from_logits(logits) if with_entropy else None  # (B, T)
+        with no_autocast(logits):
+            logprobs = logprobs_from_logits(logits, labels)  # (B, T)
+            entropy = entropy_from_logits(logits) if with_entropy else None  # (B, T)
         valid = valid_responses(batch).to(logits.device)
         return logprobs * valid, (entropy * valid if entropy is not None else None)
     head = _lm_head(model)
-    hidden, labels, valid = response_hidden(model, batch, opts)
-    lp, ent = chunked_logprobs_entropy(hidden, head.weight, labels, bias=head.bias, temperature=temperature or 1.0,
-                                       chunk_size=opts.chunk_size or None, with_entropy=with_entropy)
+    with compute(model, opts.autocast):
+        hidden, labels, valid = response_hidden(model, batch, opts)
+    hidden, weight, bias = full_precision(hidden, head.weight, head.bias)
+    with no_autocast(hidden):
+        lp, ent = chunked_logprobs_entropy(hidden, weight, labels, bias=bias, temperature=temperature or 1.0,
+                                           chunk_size=opts.chunk_size or None, with_entropy=with_entropy)
     return _scatter(lp, valid), (_scatter(ent, valid) if ent is not None else None)
 
 
@@ -250,15 +260,21 @@ def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
 
 def _micro_stats(model, mb: TrainBatch, temperature: float, stats: tuple[str, ...], opts: ForwardOptions):
     if opts.chunk_size == 0 and not opts.pack:
-        logits = response_logits(model, mb, temperature)
+        with compute(model, opts.autocast):
+            logits = response_logits(model, mb, temperature)
+        (logits,) = full_precision(logits)
         labels = mb.responses.to(logits.device)
         valid = valid_responses(mb).to(logits.device)
-        st = token_stats_from_logits(logits, labels, stats)
-        return logprobs_from_logits(logits, labels) * valid, {name: v * valid for name, v in st.items()}
+        with no_autocast(logits):
+            st = token_stats_from_logits(logits, labels, stats)
+            return logprobs_from_logits(logits, labels) * valid, {name: v * valid for name, v in st.items()}
     head = _lm_head(model)
-    hidden, labels, valid = response_hidden(model, mb, opts)
-    lp, st = chunked_token_stats(hidden, head.weight, labels, stats, bias=head.bias, temperature=temperature or 1.0,
-                                 chunk_size=opts.chunk_size or None)
+    with compute(model, opts.autocast):
+        hidden, labels, valid = response_hidden(model, mb, opts)
+    hidden, weight, bias = full_precision(hidden, head.weight, head.bias)
+    with no_autocast(hidden):
+        lp, st = chunked_token_stats(hidden, weight, labels, stats, bias=bias, temperature=temperature or 1.0,
+                                     chunk_size=opts.chunk_size or None)
     return _scatter(lp, valid), {name: _scatter(v, valid) for name, v in st.items()}
 
 

@@ -43,19 +43,25 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_policy(model: torch.nn.Module, world_size: int) -> ShardedPolicy:
-    """Shard ``model`` in place over the default process group (its parameters become DTensors)."""
+def shard_policy(model: torch.nn.Module, world_size: int, mixed_precision: str = "none") -> ShardedPolicy:
+    """Shard ``model`` in place over the default process group (its parameters become DTensors).
+    ``mixed_precision`` (``train.mixed_precision``): bf16 compute on the gathered parameters, float32 shards and
+    float32 gradient reduction (credo.train.mixed_precision.fsdp_policy)."""
+    from credo.train.mixed_precision import fsdp_policy
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     device = next(model.parameters()).device.type
     mesh = init_device_mesh(device, (world_size,))
+    policy = fsdp_policy(mixed_precision)
+    mp = {} if policy is None else {"mp_policy": policy}
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **mp)
     root = ShardedPolicy(model)
     # the root too gives its parameters back after the forward: a no-grad pass (old log-probs) has no backward
     # that would reshard them, and the next step's clip / optimizer must see shards only
-    fully_shard(root, mesh=mesh, reshard_after_forward=True)
+    fully_shard(root, mesh=mesh, reshard_after_forward=True, **mp)
     _ROOTS[model] = root
     return root
 
