@@ -312,8 +312,9 @@ class TrainConfig:
     mixed_precision: str = opt("none", "bf16 = the policy's forward and backward compute in bfloat16 (autocast; "
                                "with distributed.strategy=fsdp2 FSDP2's MixedPrecisionPolicy, gradients reduced in "
                                "float32) with float32 master weights, gradients and optimizer state "
-                               "(model.dtype=float32); log-probs stay float32. fp16 (loss scaling) is not implemented "
-                               "yet; the critic computes in float32 (docs/performance.md)",
+                               "(model.dtype=float32); log-probs stay float32. fp16 = float16 autocast with loss "
+                               "scaling (torch GradScaler; not with fsdp2); the critic computes in float32 "
+                               "(docs/performance.md)",
                                choices=("none", "bf16", "fp16"))
     lr: float = opt(3e-4, "AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0.0)

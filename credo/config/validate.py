@@ -135,8 +135,9 @@ def validate_batches(cfg: Any) -> None:
         raise ConfigError(f"train.micro_batch_size: {t.micro_batch_size} must divide the mini-batch size {mini}")
     if t.micro_batch_size is not None and t.micro_batch_tokens is not None:
         raise ConfigError("train.micro_batch_tokens: set either it or train.micro_batch_size, not both")
-    if t.mixed_precision == "fp16":
-        raise ConfigError("train.mixed_precision=fp16: not implemented (it needs GradScaler loss scaling); use bf16")
+    if t.mixed_precision == "fp16" and cfg.distributed.strategy == "fsdp2":
+        raise ConfigError("train.mixed_precision=fp16: not implemented with distributed.strategy=fsdp2 (loss "
+                          "scaling of sharded gradients); use bf16")
     if t.mixed_precision != "none" and cfg.model.dtype != "float32":
         raise ConfigError(f"train.mixed_precision={t.mixed_precision}: needs model.dtype=float32 (the float32 master "
                           f"weights), got {cfg.model.dtype}")

@@ -7,10 +7,14 @@ policy's backbone runs under ``torch.autocast(device_type, bfloat16)`` (:func:`c
 float32 (:func:`fsdp_policy`, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)``), and no autocast
 is used. Either way the output head's log-probs are computed in float32 from float32 hidden states
 (:func:`full_precision`, used by credo.train.forward), so the importance ratios and the loss stay float32.
-``fp16`` (which needs loss scaling) is refused by the config check (credo.config.validate)."""
+``fp16`` adds loss scaling: one ``torch.amp.GradScaler`` per optimizer (:func:`loss_scaler`) scales each
+backward's loss and unscales the gradients before clipping (credo.train.optim.clip_and_step); its scale is not
+checkpointed (a resumed run starts again at 2^16). fp16 is refused with FSDP2 by the config check
+(credo.config.validate). The critic computes in float32 either way."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -56,3 +60,16 @@ def fsdp_policy(mode: str | None):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+_SCALERS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, torch.amp.GradScaler]" = weakref.WeakKeyDictionary()
+
+
+def loss_scaler(optimizer: torch.optim.Optimizer, mode: str | None,
+                device: str = "cpu") -> "torch.amp.GradScaler | None":
+    """The GradScaler of ``optimizer``'s updates under fp16 (made on first use, kept across steps), else None."""
+    if mode != "fp16":
+        return None
+    if optimizer not in _SCALERS:
+        _SCALERS[optimizer] = torch.amp.GradScaler(device)
+    return _SCALERS[optimizer]

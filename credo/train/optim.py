@@ -42,13 +42,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, tota
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
-def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, grad_clip: float) -> float:
-    """Clip gradients, step (skipped when the norm is not finite), zero grads; returns the pre-clip norm."""
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, grad_clip: float,
+                  scaler=None) -> float:
+    """Clip gradients, step (skipped when the norm is not finite), zero grads; returns the pre-clip norm.
+    ``scaler``: fp16's GradScaler (credo.train.mixed_precision): gradients unscaled first, its scale updated."""
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     norm = plain_norm(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
     if math.isfinite(norm):
         optimizer.step()
+    if scaler is not None:
+        scaler.update()  # halves the scale after an overflow (non-finite gradients: the step was skipped)
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm

@@ -24,6 +24,7 @@ from credo.algo.rollout_correction import rollout_is_weights
 from credo.train.data_parallel import LOCAL, DataParallel
 from credo.guards.logprobs import FIRST_RATIO_METRIC, ratio_deviation
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_outputs, trim
+from credo.train.mixed_precision import loss_scaler
 from credo.train.loss_terms import LossTerm, TermInputs, build_loss_terms
 from credo.train.optim import clip_and_step
 from credo.train.stats import MetricAccumulator
@@ -176,6 +177,7 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
         micros = split_micro(opts.batching, local if bool(live.all()) else local.select(live.nonzero().flatten())) \
             if bool(live.any()) else []
         factor = dp.backward_factor(model)
+        scaler = loss_scaler(optimizer, opts.forward.autocast, next(model.parameters()).device.type)  # fp16 only
         # FSDP2: each backward is a collective, so a rank with fewer micro-batches runs zero-weighted ones along
         rounds = dp.max_over_ranks(len(micros)) if dp.lockstep(model) else len(micros)
         for i in range(rounds):
@@ -184,14 +186,15 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
                 continue
             loss, per_update, weighted = actor_loss(a, model, micros[i], norm, prepared, forward=opts.forward,
                                                     first=index == 0)
-            (loss * factor).backward()  # factor 1.0 (exact) unless FSDP2 averages the gradients
+            loss = loss * factor  # factor 1.0 (exact) unless FSDP2 averages the gradients
+            (scaler.scale(loss) if scaler is not None else loss).backward()
             for k, v in per_update.items():
                 losses[k] = losses.get(k, 0.0) + v
             acc.add_weighted(weighted, weight=float(micros[i].response_mask.sum()))
         zero_missing_grads(model)
         dp.reduce_grads(model)
         acc.add_per_update(dp.sum_scalars(losses))
-        grad_norm = clip_and_step(model, optimizer, scheduler, opts.grad_clip)
+        grad_norm = clip_and_step(model, optimizer, scheduler, opts.grad_clip, scaler)
         acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr,
                             "actor/skipped_rows_frac": 1.0 - float(live.float().mean()) if len(live) else 1.0})
         acc.end_update()
