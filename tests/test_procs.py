@@ -455,7 +455,7 @@ def test_tests_and_documented_single_node_recipes_start_ray_on_loopback():
                 offenders.append(f"{path.relative_to(REPO)}: {m.group(0)[:80]}")
     docs = (REPO / "docs" / "distributed.md").read_text().split("### Several nodes")[0]
     for line in docs.splitlines():
-        if line.lstrip().startswith("ray start") and "--node-ip-address 127.0.0.1" not in line:
+        if line.lstrip().startswith("ray start") and not re.search(r"--node-ip-address[ =]127\.0\.0\.1\b", line):
             offenders.append(f"distributed.md: {line.strip()}")
     assert not offenders, offenders
 

@@ -66,16 +66,17 @@ def two_nodes():
     temp = tempfile.mkdtemp(prefix="ray2", dir="/tmp")  # short: Unix socket paths inside it are limited to 107 bytes
     env = {**os.environ, CLUSTER_MODE_ENV: "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
            "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=3", "--disable-usage-stats", f"--temp-dir={temp}"]
+    common = ["--num-cpus=3", "--disable-usage-stats", f"--temp-dir={temp}"]
     try:
         started = time.monotonic()
-        head = subprocess.run([exe, "start", "--head", f"--port={port}", "--include-dashboard=false", *common,
+        head = subprocess.run([exe, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                               "--include-dashboard=false", *common,
                                "--min-worker-port=21000", "--max-worker-port=21999"],
                               capture_output=True, text=True, env=env)
         assert head.returncode == 0, head.stderr[-2000:]
         # the second raylet: its own worker port range (the rest of its ports Ray picks free)
         node = subprocess.run([sys.executable, "-c", JOIN_ON_LOOPBACK, "start", f"--address=127.0.0.1:{port}",
-                               *common, "--min-worker-port=22000", "--max-worker-port=22999"],
+                               "--node-ip-address=127.0.0.1", *common, "--min-worker-port=22000", "--max-worker-port=22999"],
                               capture_output=True, text=True, env=env)
         assert node.returncode == 0, node.stderr[-2000:]
         print(f"two nodes started in {time.monotonic() - started:.1f} s")
