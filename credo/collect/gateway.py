@@ -202,17 +202,6 @@ def trajectories(ep: Episode, tokenizer, group_id: int, version: int) -> list[Tr
     return out
 
 
-def split_kind(reason: str) -> str:
-    """A split reason (credo.gateway.capture) as a metric name, where the record gives no ``split_kinds``:
-    ``branched`` (the agent resent or branched from an earlier context), ``diverged`` (it did not send the
-    conversation back as the engine produced it), ``other``."""
-    if "resent or branched" in reason:
-        return "branched"
-    if "not sent back" in reason:
-        return "diverged"
-    return "other"
-
-
 def episode_metrics(episodes: list[Episode], prefix: str = "gateway") -> dict[str, float]:
     """Per step: episodes, failed ones by reason, calls / refused calls / segments / tokens per episode, stitched
     and split episodes by split kind, the mean reward of the scored episodes and the mean episode time."""
@@ -220,7 +209,7 @@ def episode_metrics(episodes: list[Episode], prefix: str = "gateway") -> dict[st
     failed = Counter(ep.failure for ep in episodes if ep.failure)
     summaries = [ep.record.summary() for ep in episodes if ep.record is not None]
     with_calls = [s for s in summaries if s["calls"]]
-    splits = Counter(k for s in with_calls for k in s.get("split_kinds") or map(split_kind, s["splits"]))
+    splits = Counter(k for s in with_calls for k in s["split_kinds"])  # "branched" | "diverged"
     rewards = [ep.result.score for ep in episodes if ep.result is not None and not ep.failure]
     out = {f"{prefix}/episodes": float(len(episodes)), f"{prefix}/failed_episodes": float(sum(failed.values())),
            f"{prefix}/failed_share": sum(failed.values()) / n,
@@ -230,7 +219,7 @@ def episode_metrics(episodes: list[Episode], prefix: str = "gateway") -> dict[st
            f"{prefix}/segments_per_episode": sum(s["segments"] for s in with_calls) / max(len(with_calls), 1),
            f"{prefix}/stitched_episodes": float(sum(s["segments"] == 1 for s in with_calls)),
            f"{prefix}/split_episodes": float(sum(s["segments"] > 1 for s in with_calls)),
-           **{f"{prefix}/split/{k}": float(splits.get(k, 0)) for k in ("branched", "diverged", "other")},
+           **{f"{prefix}/split/{k}": float(splits.get(k, 0)) for k in ("branched", "diverged")},
            f"{prefix}/prompt_tokens": sum(s["prompt_tokens"] for s in summaries) / n,
            f"{prefix}/completion_tokens": sum(s["completion_tokens"] for s in summaries) / n,
            f"{prefix}/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
