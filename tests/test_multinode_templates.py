@@ -15,7 +15,10 @@ SBATCH = REPO / "examples" / "slurm" / "credo_ddp.sbatch"
 RAY_README = REPO / "examples" / "ray_cluster" / "README.md"
 
 FAKES = {
-    "scontrol": 'echo node-a; echo node-b',
+    # scontrol: the two nodes, then many more lines than a pipe buffer holds, so that a template reading only the
+    # first line through `| head -n 1` under pipefail dies of SIGPIPE (exit 141) every time, not by chance (the
+    # CI failure of 3df7b50); a real allocation of thousands of nodes prints as much
+    "scontrol": 'echo node-a; echo node-b; for i in $(seq 20000); do echo node-x$i; done',
     # srun: drop its options, run the command once as node 1 of 2
     "srun": 'while [[ $1 == --* ]]; do shift; done; SLURM_NNODES=2 SLURM_NODEID=1 exec "$@"',
     # torchrun: record its options, start "rank" LOCAL_RANK=3 of the command after --no-python
@@ -41,7 +44,7 @@ def test_sbatch_hands_each_rank_credo_train_on_its_own_gpu(tmp_path: Path):
     (venv / "bin" / "activate").write_text("")
     log = tmp_path / "log"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log), "SLURM_JOB_ID": "42",
-           "SLURM_JOB_NODELIST": "node-[a-b]", "CREDO_DIR": str(tmp_path), "VENV": str(venv),
+           "SLURM_JOB_NODELIST": "node-[a-b],node-x[1-20000]", "CREDO_DIR": str(tmp_path), "VENV": str(venv),
            "RUN_DIR": "/shared/runs/x y"}
     proc = subprocess.run(["bash", str(SBATCH), "train.steps=5", "rollout.group_size=16"], env=env,
                           capture_output=True, text=True, timeout=60)

@@ -54,4 +54,7 @@ def test_an_agent_reward_is_learned(tmp_path):
     assert len(rewards) == 10 and sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05, rewards
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final/eval/reward_mean"] >= summary["start/eval/reward_mean"] + 0.5, summary
-    assert all(m["guard/first_ratio_trips"] == 0 for m in steps(run))
+    # guard/<name>_trips appears from the first step whose update ran the check: a step whose groups all tied
+    # (every reward 0 at the start) trains nothing and reports none (the CI failure of 3df7b50)
+    checked = [m for m in steps(run) if "guard/first_ratio_trips" in m]
+    assert checked and all(m["guard/first_ratio_trips"] == 0 for m in checked)
