@@ -24,7 +24,8 @@ from typing import Any, Callable, TypeVar
 from credo.collect.group import Prefetch
 from credo.types import Rollouts
 from credo.train.data_parallel import DataParallel
-from credo.train.fsdp import full_state_dict, is_sharded, shard_policy
+from credo.models.lora import is_lora, load_adapter_state
+from credo.train.fsdp import full_adapter_state, full_state_dict, is_sharded, shard_policy
 from credo.distributed.rollout import ShardedSampler, from_leader, gather_rollouts
 from credo.distributed.staleness import AsyncPipeline, StalenessSchedule, snapshot, staleness_metrics
 from credo.guards.weights import check_weight_sync
@@ -182,7 +183,9 @@ class RolloutCoordinator:
         the same points: a sharded (FSDP2) policy's whole weights are gathered by all of them."""
         if not force and self.served_version == version:
             return
-        weights = full_state_dict(self.model) if is_sharded(self.model) else self.model
+        weights = self.model
+        if is_sharded(self.model):  # a LoRA policy: its replica with the gathered adapters (only they travel)
+            weights = self.plain_model() if is_lora(self.model) else full_state_dict(self.model)
         if self.engine is not None:
             self.engine.update_weights(weights, version=version)
             check_weight_sync(self.guards, weights, self.engine, version)  # the engine serves what was trained
@@ -199,10 +202,13 @@ class RolloutCoordinator:
     def plain_model(self):
         """The policy as one module with whole weights, for saving: the model itself, or for a sharded (FSDP2)
         policy its replica loaded with the gathered weights (a collective: every rank calls it at the same
-        point)."""
+        point). A LoRA policy's replica receives the gathered adapters only."""
         if not is_sharded(self.model):
             return self.model
-        self.replica.load_state_dict(full_state_dict(self.model))
+        if is_lora(self.model):  # the base is frozen: the replica's copy of it is current, the adapters alone move
+            load_adapter_state(self.replica, full_adapter_state(self.model))
+        else:
+            self.replica.load_state_dict(full_state_dict(self.model))
         return self.replica
 
     # ------------------------------------------------------------------ checkpoints

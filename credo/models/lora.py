@@ -125,12 +125,17 @@ def base_identity(base: Path) -> dict:
 
 def save_adapter(model: torch.nn.Module, tokenizer, path: str | Path) -> None:
     """Write PEFT's adapter directory (``adapter_model.safetensors`` in PEFT's key format, ``adapter_config.json``),
-    the tokenizer, and :data:`BASE_FILE` naming the base model."""
+    the tokenizer, and :data:`BASE_FILE` naming the base model. Under torch.distributed only rank 0 writes the
+    adapter (as transformers' ``save_pretrained`` writes weights on rank 0 only; rank r > 0 saves its tokenizer)."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() > 0:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+        return
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME)  # names without ".default"
     save_file({PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in state.items()}, path / ADAPTER_WEIGHTS)
     config = model.peft_config[ADAPTER_NAME]

@@ -34,7 +34,6 @@ def check_lora_config(cfg) -> None:
                           "the chunked log-prob path and the tied head")
     unsupported = {"rollout.engine=vllm": cfg.rollout.engine == "vllm",
                    "distributed.backend=ray": cfg.distributed.backend == "ray",
-                   "distributed.strategy=fsdp2": cfg.distributed.strategy == "fsdp2",
                    "model.arch=llava": cfg.model.arch == "llava" and not cfg.model.path,
                    "a critic": needs_critic(cfg)}
     for what, hit in unsupported.items():

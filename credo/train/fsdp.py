@@ -37,6 +37,10 @@ class ShardedPolicy(torch.nn.Module):
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers FSDP2 shards one unit each. A LoRA'd policy (credo.models.lora injects PEFT's layers in
+    place) has them where the plain model has; a ``peft.PeftModel`` wrapper is looked through."""
+    if callable(getattr(model, "get_base_model", None)):  # a PeftModel: base_model is PEFT's LoraModel
+        model = model.get_base_model()
     layers = getattr(getattr(model, "base_model", None), "layers", None)
     if layers is None:
         raise ValueError(f"distributed.strategy=fsdp2: {type(model).__name__} has no base_model.layers to shard")
@@ -82,6 +86,16 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach()
             for k, v in model.state_dict().items()}
+
+
+def full_adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole LoRA adapter tensors of a (possibly sharded) LoRA'd policy (credo.models.lora.adapter_state's
+    names), gathered alone: the frozen base is never sent again. A collective when sharded (every rank gathers
+    the same keys in the same order)."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach()
+            for k, v in model.state_dict().items() if "lora_" in k}
 
 
 def plain_norm(norm: torch.Tensor) -> float:
