@@ -136,6 +136,17 @@ class VLLMConfig:
     server_concurrency: int = opt(64, "mode=server: requests in flight at once (the server batches them)", min=1)
     args: dict = opt(None, "extra vllm.LLM keyword arguments (mode=server: server flags, key -> --key)",
                      factory=dict)
+    weight_sync: str = opt("auto", "how trained weights reach vLLM (docs/distributed.md, Weight sync): torchdist = a "
+                           "gloo process group with vLLM's workers (rendezvous on 127.0.0.1), metadata in the request "
+                           "and the tensors broadcast in buckets, only changed layers; safetensors = the tensors as "
+                           "safetensors bytes inside the requests; nccl / ipc = vLLM's own CUDA engines (never run "
+                           "here); auto = torchdist, or safetensors when the engine rejects it (a server given by url "
+                           "started with the credo_safetensors backend)",
+                           choices=("auto", "safetensors", "torchdist", "nccl", "ipc"))
+    weight_sync_bucket_mb: int = opt(256, "weight_sync=torchdist / nccl / ipc: tensors per broadcast bucket, in MiB",
+                                     min=1)
+    weight_sync_timeout_s: float = opt(60.0, "weight_sync=torchdist: how long the rendezvous and each bucket may take "
+                                       "before the sync fails", min=1.0)
 
 
 @dataclass
@@ -316,6 +327,12 @@ class TrainConfig:
                                "scaling (torch GradScaler; not with fsdp2); the critic computes in float32 "
                                "(docs/performance.md)",
                                choices=("none", "bf16", "fp16"))
+    optimizer_offload: bool = opt(False, "keep the policy's AdamW state (and its float32 master weights) in host "
+                                  "memory: gradients copied to the CPU, the step run there, the weights copied "
+                                  "back (ZeRO-Offload style, credo.train.offload); with distributed.strategy=fsdp2 "
+                                  "FSDP2's CPUOffloadPolicy (sharded parameters, gradients and optimizer state on "
+                                  "the host). Same updates; saves 8 bytes per parameter of device memory for "
+                                  "host-device copies every step (docs/performance.md)")
     lr: float = opt(3e-4, "AdamW learning rate", min=0.0)
     weight_decay: float = opt(0.0, "AdamW weight decay", min=0.0)
     betas: list = opt(None, "AdamW betas", factory=lambda: [0.9, 0.99])

@@ -160,6 +160,10 @@ def validate_distributed(cfg: Any) -> None:
     if cfg.rollout.engine == "vllm" and d.backend == "ray" and cfg.rollout.vllm.mode == "server":
         raise ConfigError("rollout.vllm.mode=server: not implemented for Ray rollout workers (each worker runs its "
                           "own in-process vLLM); use rollout.vllm.mode=inprocess")
+    sync = cfg.rollout.vllm.weight_sync
+    if cfg.rollout.engine == "vllm" and sync in ("nccl", "ipc") and not str(cfg.model.device).startswith("cuda"):
+        raise ConfigError(f"rollout.vllm.weight_sync={sync}: vLLM's {sync} engine moves CUDA tensors, but "
+                          f"model.device={cfg.model.device}; use torchdist (or auto)")
     if d.strategy == "fsdp2" and d.backend == "none":
         raise ConfigError("distributed.strategy=fsdp2: needs several ranks (distributed.backend=torchrun or ray)")
     if d.backend != "ray" and (d.world_size > 1 or d.inject_faults):

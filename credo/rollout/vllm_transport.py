@@ -35,7 +35,8 @@ import torch
 from credo.http_client import request as http_request
 from credo.http_client import request_json
 from credo.procs import reap_when_gone
-from credo.rollout.vllm_sync import BACKEND, CONTROL_REPLY_BYTES, HTTPWeightSync, sync_in_process
+from credo.rollout.vllm_sync import (CONTROL_REPLY_BYTES, ENGINE_BACKENDS, HTTPWeightSync, LLMClient, make_weight_sync,
+                                     workers_of)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class VLLMOptions:
     request_timeout_s: float = 600.0
     server_concurrency: int = 64
     args: dict = field(default_factory=dict)  # extra vllm.LLM keyword arguments / server flags
+    weight_sync: str = "auto"  # auto | safetensors | torchdist | nccl | ipc (credo.rollout.vllm_sync)
+    weight_sync_bucket_mb: int = 256
+    weight_sync_timeout_s: float = 60.0
 
     @classmethod
     def of(cls, section: Any) -> "VLLMOptions":
@@ -82,6 +86,13 @@ class Sample:
     cached_tokens: int | None = None  # prompt tokens vLLM read from its prefix cache (None: not reported)
 
 
+def weight_sync(opts: VLLMOptions, client: Any) -> Any:
+    """The trainer's weight sender for ``opts.weight_sync`` over ``client``, its engine joined
+    (:func:`credo.rollout.vllm_sync.make_weight_sync`)."""
+    return make_weight_sync(opts.weight_sync, client, workers=workers_of(opts.args),
+                            bucket_bytes=opts.weight_sync_bucket_mb << 20, timeout_s=opts.weight_sync_timeout_s)
+
+
 def on_cpu() -> bool:
     from vllm.platforms import current_platform
 
@@ -91,7 +102,7 @@ def on_cpu() -> bool:
 def engine_kwargs(opts: VLLMOptions, *, seed: int, cpu: bool) -> dict[str, Any]:
     """``vllm.LLM`` / engine-argument keywords for these options (the server gets them as flags)."""
     kw: dict[str, Any] = dict(seed=seed, dtype=opts.dtype, logprobs_mode="processed_logprobs",
-                              weight_transfer_config={"backend": BACKEND},
+                              weight_transfer_config={"backend": ENGINE_BACKENDS[opts.weight_sync]},
                               enable_prefix_caching=opts.prefix_caching,
                               enforce_eager=cpu if opts.enforce_eager is None else opts.enforce_eager)
     if opts.max_model_len is not None:
@@ -195,15 +206,17 @@ class InProcessVLLM:
 
         self.cpu = on_cpu()
         self.llm = LLM(model=str(model_path), **engine_kwargs(opts, seed=seed, cpu=self.cpu))
-        self.llm.init_weight_transfer_engine({"init_info": {}})
+        self.weights = weight_sync(opts, LLMClient(self.llm))
         self.sleeping = False
+        self.lora_request = None  # a LoRA policy's current adapter, named by every request (credo.rollout.vllm_lora)
 
     def complete(self, prompts: list[list[int]], requests: list[dict[str, Any]]) -> list[Sample]:
         from vllm import SamplingParams
 
         self.wake()
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                 [SamplingParams(**r) for r in requests], use_tqdm=False)
+                                 [SamplingParams(**r) for r in requests], use_tqdm=False,
+                                 lora_request=self.lora_request)
         return [self._sample(o.outputs[0], r["logprobs"], o.num_cached_tokens) for o, r in zip(outs, requests)]
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
@@ -212,7 +225,8 @@ class InProcessVLLM:
 
         self.wake()
         outs = self.llm.generate([{"prompt_token_ids": list(q)} for q in sequences],
-                                 SamplingParams(**SCORE_REQUEST, detokenize=False), use_tqdm=False)
+                                 SamplingParams(**SCORE_REQUEST, detokenize=False), use_tqdm=False,
+                                 lora_request=self.lora_request)
         return [prompt_token_logprobs(list(q), o.prompt_logprobs) for q, o in zip(sequences, outs)]
 
     @staticmethod
@@ -227,7 +241,7 @@ class InProcessVLLM:
 
     def sync(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.wake()
-        sync_in_process(self.llm, state, version=version)
+        self.weights.sync(state, version=version)
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
 
     def served_version(self) -> str | None:
@@ -244,6 +258,9 @@ class InProcessVLLM:
             self.sleeping = False
 
     def close(self) -> None:
+        weights = self.__dict__.pop("weights", None)
+        if weights is not None:
+            weights.close()
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             try:
@@ -324,7 +341,7 @@ class ServerVLLM:
         # the RL routes and /v1/completions (_complete_one) share it: its cap is a completion's
         self.weights = HTTPWeightSync(self.url, timeout_s=opts.request_timeout_s,
                                       max_reply_bytes=COMPLETION_REPLY_BYTES)
-        self.weights.init()
+        self.sender = weight_sync(opts, self.weights)
         self.pool = ThreadPoolExecutor(max_workers=max(opts.server_concurrency, 1), thread_name_prefix="credo-vllm")
 
     def _start(self, model_path: str | Path | None, *, seed: int, log_dir: str | Path | None) -> str:
@@ -336,6 +353,8 @@ class ServerVLLM:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / "vllm_server.log"
         env = os.environ | {"VLLM_SERVER_DEV_MODE": "1"}
+        if self.opts.args.get("enable_lora"):  # adapters load at run time (credo.rollout.vllm_lora)
+            env |= {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self._stop = weakref.finalize(self, _stop_process, self.proc)
@@ -393,10 +412,11 @@ class ServerVLLM:
         if self.scorer is None:
             self.scorer = VLLMScorer(self.url, timeout_s=self.opts.request_timeout_s,
                                      concurrency=self.opts.server_concurrency)
+            self.scorer.model_name = self.model_name  # what completions ask for (a LoRA adapter's name)
         return self.scorer.score(sequences)
 
     def sync(self, state: dict[str, torch.Tensor], version: int) -> None:
-        self.weights.sync(state, version=version)
+        self.sender.sync(state, version=version)
         self.weights.post("reset_prefix_cache")  # cached prefixes hold keys and values of the old weights
 
     def served_version(self) -> str | None:
@@ -412,6 +432,9 @@ class ServerVLLM:
         pool = self.__dict__.pop("pool", None)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        sender = self.__dict__.pop("sender", None)
+        if sender is not None:
+            sender.close()
         if self.scorer is not None:
             self.scorer.close()
         if self._stop is not None:

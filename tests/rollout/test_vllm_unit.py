@@ -52,14 +52,16 @@ def test_options_become_vllm_keywords_and_server_flags():
     cpu = engine_kwargs(VLLMOptions(dtype="float32"), seed=3, cpu=True)
     assert cpu["enforce_eager"] is True and cpu["kv_cache_memory_bytes"] == 512 << 20
     assert "gpu_memory_utilization" not in cpu and cpu["logprobs_mode"] == "processed_logprobs"
-    assert cpu["weight_transfer_config"] == {"backend": "credo_safetensors"}
+    assert cpu["weight_transfer_config"] == {"backend": "credo_torchdist"}  # weight_sync=auto: torchdist first
+    old = engine_kwargs(VLLMOptions(weight_sync="safetensors"), seed=3, cpu=True)
+    assert old["weight_transfer_config"] == {"backend": "credo_safetensors"}
     gpu = engine_kwargs(VLLMOptions(sleep=True, args={"max_num_seqs": 8}), seed=3, cpu=False)
     assert gpu["enforce_eager"] is False and gpu["gpu_memory_utilization"] == 0.4 and gpu["enable_sleep_mode"]
     assert gpu["max_num_seqs"] == 8 and "kv_cache_memory_bytes" not in gpu
     cmd = server_command("/m", port=8123, seed=3, opts=VLLMOptions(enforce_eager=False), cpu=True)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "--no-enforce-eager" in cmd
-    assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "credo_safetensors"}'
+    assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "credo_torchdist"}'
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
 
 
