@@ -140,7 +140,8 @@ def rollout_engine(cfg: RunConfig, model, tokenizer, *, seed: int, log_dir=None)
         problem = vllm_problem(opts.mode, opts.url)
         if problem:
             raise VLLMUnavailable(f"rollout.engine=vllm: {problem}; use rollout.engine=hf on this machine")
-        if cfg.model.path:  # a hub id: vLLM reads its snapshot (credo.models.hub)
+        if cfg.model.path and cfg.model.lora is None:  # a hub id: vLLM reads its snapshot (credo.models.hub); a
+            # LoRA policy's engine loads the base the recipe chose (RUN_DIR/base after a warm start): from_model
             path = resolve_model_path(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
             return VLLMRolloutEngine(str(path), tokenizer, seed=seed, options=opts, log_dir=log_dir)
         return VLLMRolloutEngine.from_model(model, tokenizer, seed=seed, options=opts, log_dir=log_dir)

@@ -32,15 +32,14 @@ def check_lora_config(cfg) -> None:
         raise ConfigError(f"model.lora.target_modules={list(lora.target_modules)}: give linear projections of the "
                           "layers (q_proj, ..., down_proj); lm_head / embed_tokens are read as plain weights by "
                           "the chunked log-prob path and the tied head")
-    unsupported = {"rollout.engine=vllm": cfg.rollout.engine == "vllm",
-                   "distributed.backend=ray": cfg.distributed.backend == "ray",
+    unsupported = {"distributed.backend=ray": cfg.distributed.backend == "ray",
                    "model.arch=llava": cfg.model.arch == "llava" and not cfg.model.path,
                    "a critic": needs_critic(cfg)}
     for what, hit in unsupported.items():
         if hit:
-            raise NotImplementedError(f"model.lora with {what} is not implemented (adapters are synced to credo's "
-                                      "in-process HF engine only); use rollout.engine=hf in one process without a "
-                                      "critic, or drop model.lora")
+            raise NotImplementedError(f"model.lora with {what} is not implemented (docs/lora.md: LoRA runs "
+                                      "with rollout.engine=hf or vllm, without Ray workers or a critic); drop "
+                                      f"{what} or model.lora")
 
 
 def lora_policy(cfg, model, tokenizer, data, run_dir: Path, *, fresh: bool, resumed: bool):

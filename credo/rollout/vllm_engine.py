@@ -123,14 +123,22 @@ class VLLMRolloutEngine:
         self.kv_sessions = False
         self.eos_id = tokenizer.eos_token_id
         self._cleanup: weakref.finalize | None = None  # removes a temporary model folder (from_model)
+        self.lora = None  # a LoRA policy's adapter syncs (credo.rollout.vllm_lora.VLLMLoRA; from_model sets it)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer: Any, *, scratch: str | Path | None = None,
                    **kwargs: Any) -> "VLLMRolloutEngine":
         """An engine for a model held in memory, saved to a temporary folder (under ``scratch``, else the system's
         temporary directory) for vLLM to load; the folder is deleted with the engine (module docstring), or here if
-        saving or starting the engine fails."""
+        saving or starting the engine fails. A LoRA'd policy (credo.models.lora): vLLM loads its base and serves its
+        adapter, and every sync sends the adapter only (credo.rollout.vllm_lora)."""
         from credo.models.build import save_model
+        from credo.models.lora import is_lora
+
+        if is_lora(model):
+            from credo.rollout.vllm_lora import start_lora_engine
+
+            return start_lora_engine(cls, model, tokenizer, scratch=scratch, **kwargs)
 
         if scratch is not None:
             Path(scratch).mkdir(parents=True, exist_ok=True)
@@ -205,13 +213,18 @@ class VLLMRolloutEngine:
     def update_weights(self, weights: torch.nn.Module | dict[str, torch.Tensor], *, version: int) -> None:
         """Serve ``weights`` (a module, or a state dict in the Hugging Face checkpoint's names) as policy
         ``version`` once this returns."""
+        if self.lora is not None:  # the adapter alone (credo.rollout.vllm_lora)
+            self.lora.sync(weights, version)
+            self.policy_version = version
+            return
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else weights
         self.transport.sync(state, version)
         self.policy_version = version
 
     def served_version(self) -> str | None:
-        """The weight version vLLM itself reports (set by the last :meth:`update_weights`)."""
-        return self.transport.served_version()
+        """The weight version vLLM itself reports (set by the last :meth:`update_weights`; a LoRA policy's: the
+        version of the adapter vLLM lists as loaded)."""
+        return self.lora.served_version() if self.lora is not None else self.transport.served_version()
 
     def encode(self, text: str) -> list[int]:
         return encode_prompt(self.tokenizer, text)
