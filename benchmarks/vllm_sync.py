@@ -1,9 +1,16 @@
-"""Seconds per weight sync into vLLM (credo's ``credo_safetensors`` backend through vLLM's RL weight-transfer API:
-chunks of safetensors, layer-wise reload), in process and to a server credo starts, for the demo model and
-SmolLM2-135M (prepared weights if present, else its architecture with random weights). Run in the vLLM venv.
+"""Seconds per weight sync into vLLM, in process and to a server credo starts, for the demo model and SmolLM2-135M
+(prepared weights if present, else its architecture with random weights), interleaving the backends on one engine
+(started with ``credo_torchdist``, which also takes safetensors syncs) so every ratio compares syncs of the same
+run (docs/distributed.md, "Weight sync"). Run in the vLLM venv.
 
-    python benchmarks/vllm_sync.py                  # both models, both modes, 5 syncs each
-    python benchmarks/vllm_sync.py --models demo --modes inprocess --reps 3
+- ``safetensors``: the state as safetensors chunks inside the update requests (the fallback; the "before").
+- ``torchdist``: a gloo group with vLLM's worker, metadata in the request, tensors broadcast in buckets; every
+  tensor sent (the change tracker reset first, so the checksums are paid and find everything new).
+- ``torchdist-1layer``: one decoder layer's weight changed since the last sync: only that layer travels.
+- ``torchdist-nosum``: every tensor, no checksums (what the change tracker costs when everything changed).
+
+    python benchmarks/vllm_sync.py                  # both models, both modes, 5 rounds each
+    python benchmarks/vllm_sync.py --models smollm2 --modes inprocess server --reps 5 --bucket-mb 256
 """
 from __future__ import annotations
 
@@ -15,6 +22,8 @@ import time
 import torch
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+KINDS = ("safetensors", "torchdist", "torchdist-1layer", "torchdist-nosum")
 
 
 def build(name: str):
@@ -37,24 +46,44 @@ def build(name: str):
     return (*build_model(load_config(None, []).model, seed=0), "demo tiny Qwen2")
 
 
-def measure(model, tok, mode: str, reps: int) -> tuple[float, list[float]]:
+def measure(model, tok, mode: str, reps: int, bucket_mb: int) -> tuple[float, dict[str, list[float]], int]:
+    from credo.rollout.torchdist_sync import TorchDistWeightSync
     from credo.rollout.vllm_engine import VLLMRolloutEngine
+    from credo.rollout.vllm_sync import LLMClient, SafetensorsSync
     from credo.rollout.vllm_transport import VLLMOptions
 
     t0 = time.perf_counter()
-    engine = VLLMRolloutEngine.from_model(model, tok, options=VLLMOptions(mode=mode, dtype="float32"))
+    engine = VLLMRolloutEngine.from_model(model, tok, options=VLLMOptions(
+        mode=mode, dtype="float32", weight_sync="torchdist", weight_sync_bucket_mb=bucket_mb))
     start = time.perf_counter() - t0
-    times = []
+    t = engine.transport
+    client = LLMClient(t.llm) if mode == "inprocess" else t.weights
+    torchdist: TorchDistWeightSync = t.weights if mode == "inprocess" else t.sender
+    safetensors = SafetensorsSync(client)
+    times: dict[str, list[float]] = {k: [] for k in KINDS}
+    version = 0
+    layer = next(n for n in model.state_dict() if ".layers.1." in n and n.endswith("down_proj.weight"))
     try:
-        for v in range(1, reps + 1):
-            state = {k: p + 0.0 for k, p in model.state_dict().items()}  # fresh tensors, as after an update
-            t0 = time.perf_counter()
-            engine.update_weights(state, version=v)
-            times.append(time.perf_counter() - t0)
-        assert engine.served_version() == str(reps)
+        for rep in range(reps):
+            # fresh tensors of new content, as after an optimizer step
+            state = {k: p + 1e-4 * (rep + 1) for k, p in model.state_dict().items()}
+            for kind in KINDS:
+                version += 1
+                if kind == "torchdist-1layer":
+                    state[layer] = state[layer] * 1.001
+                torchdist.only_changed = kind != "torchdist-nosum"
+                if kind == "torchdist":
+                    torchdist.tracker.forget()
+                t0 = time.perf_counter()
+                (safetensors if kind == "safetensors" else torchdist).sync(state, version=version)
+                times[kind].append(time.perf_counter() - t0)
+                assert engine.served_version() == str(version)
+                if kind == "torchdist-1layer":
+                    assert torchdist.stats.tensors < torchdist.stats.tensors_total
     finally:
         engine.close()
-    return start, times
+    nbytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    return start, times, nbytes
 
 
 def main() -> None:
@@ -62,15 +91,26 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["demo", "smollm2"], choices=("demo", "smollm2"))
     ap.add_argument("--modes", nargs="+", default=["inprocess", "server"], choices=("inprocess", "server"))
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--bucket-mb", type=int, default=256)
     args = ap.parse_args()
+    medians: dict[tuple[str, str], dict[str, float]] = {}
     for name in args.models:
         model, tok, what = build(name)
-        size = sum(p.numel() * p.element_size() for p in model.state_dict().values()) / 2**20
         for mode in args.modes:
-            start, times = measure(model, tok, mode, args.reps)
-            print(f"{name} ({what}, {size:.0f} MiB float32) {mode}: start-up {start:.1f} s; sync median "
-                  f"{statistics.median(times):.3f} s (min {min(times):.3f}, max {max(times):.3f}, {len(times)} syncs)",
-                  flush=True)
+            start, times, nbytes = measure(model, tok, mode, args.reps, args.bucket_mb)
+            med = medians[(name, mode)] = {k: statistics.median(v) for k, v in times.items()}
+            base = med["safetensors"]
+            print(f"{name} ({what}, {nbytes / 2**20:.0f} MiB float32) {mode}: start-up {start:.1f} s; "
+                  f"median of {args.reps} interleaved rounds:", flush=True)
+            for kind in KINDS:
+                v = times[kind]
+                print(f"  {kind:17s} {med[kind]:.3f} s (min {min(v):.3f}, max {max(v):.3f})  "
+                      f"{nbytes / med[kind] / 1e9:5.2f} GB/s of the state  x{base / med[kind]:.2f} vs safetensors",
+                      flush=True)
+        if {"inprocess", "server"} <= set(args.modes):
+            for kind in KINDS:
+                print(f"{name} {kind}: server / in process = "
+                      f"{medians[(name, 'server')][kind] / medians[(name, 'inprocess')][kind]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -303,8 +303,8 @@ class TorchDistWeightSync:
             self.client.init_weight_transfer_engine(info)
         except Exception as exc:  # noqa: BLE001 - one line: the workers' own error
             self.close()
-            raise RuntimeError(f"torchdist weight sync: vLLM's worker(s) did not join {where} "
-                               f"({first_line(exc)})") from None
+            raise RuntimeError(f"torchdist weight sync: vLLM's worker(s) did not join {where} within "
+                               f"{self.timeout_s:g} s ({first_line(exc)})") from None
         joiner.join(self.timeout_s + 5.0)
         if "group" not in made:
             self.close()
