@@ -193,11 +193,12 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------ FSDP2
 
-    def shard_policy(self, mixed_precision: str = "none") -> None:
+    def shard_policy(self, mixed_precision: str = "none", offload: bool = False) -> None:
         """Shard the policy in place over the ranks, keeping a whole replica to save it from (``mixed_precision``:
-        train.mixed_precision, FSDP2's MixedPrecisionPolicy)."""
+        train.mixed_precision, FSDP2's MixedPrecisionPolicy; ``offload``: train.optimizer_offload, its
+        CPUOffloadPolicy)."""
         self.replica = copy.deepcopy(self.model)
-        shard_policy(self.model, self.dp.world_size, mixed_precision)
+        shard_policy(self.model, self.dp.world_size, mixed_precision, offload=offload)
 
     def plain_model(self):
         """The policy as one module with whole weights, for saving: the model itself, or for a sharded (FSDP2)

@@ -164,7 +164,8 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
     runner = None if rollout.follower else stack.enter_context(reward_runner(cfg, data))
     logger = stack.enter_context(metrics_logger(cfg, run_dir, resume_step=_step_of(ckpt) if ckpt else None,
                                                 trackers=dp.rank == 0))
-    optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
+    optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas,
+                                offload=cfg.train.optimizer_offload and cfg.distributed.strategy != "fsdp2")
     engine = None
     if not rollout.follower:  # Ray mode: rank 0 alone drives the rollout and reward pools
         engine = rollout_engine(cfg, model, tokenizer, seed=rollout.engine_seed(cfg.seed), log_dir=run_dir)
@@ -245,7 +246,7 @@ def evaluate_now(cfg: RunConfig, parts: Parts, run_dir: Path, step: int, *, forc
 def shard_policy_of(cfg: RunConfig, parts: Parts) -> None:
     """distributed.strategy=fsdp2: shard the policy over the ranks (after the warm start, the reference and the
     critic were made from it whole); its optimizer is rebuilt on the shards."""
-    parts.rollout.shard_policy(cfg.train.mixed_precision)
+    parts.rollout.shard_policy(cfg.train.mixed_precision, offload=cfg.train.optimizer_offload)
     parts.optimizer = build_optimizer(parts.model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                                       betas=cfg.train.betas)
     parts.scheduler = _scheduler(cfg, parts.optimizer)

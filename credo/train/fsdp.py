@@ -47,19 +47,24 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_policy(model: torch.nn.Module, world_size: int, mixed_precision: str = "none") -> ShardedPolicy:
+def shard_policy(model: torch.nn.Module, world_size: int, mixed_precision: str = "none",
+                 offload: bool = False) -> ShardedPolicy:
     """Shard ``model`` in place over the default process group (its parameters become DTensors).
     ``mixed_precision`` (``train.mixed_precision``): bf16 compute on the gathered parameters, float32 shards and
-    float32 gradient reduction (credo.train.mixed_precision.fsdp_policy)."""
+    float32 gradient reduction (credo.train.mixed_precision.fsdp_policy). ``offload``
+    (``train.optimizer_offload``): FSDP2's ``CPUOffloadPolicy``, the sharded parameters, their gradients and so the
+    optimizer state and its step on the host (a no-op placement on a CPU model; never run on a GPU)."""
     from credo.train.mixed_precision import fsdp_policy
 
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     device = next(model.parameters()).device.type
     mesh = init_device_mesh(device, (world_size,))
     policy = fsdp_policy(mixed_precision)
     mp = {} if policy is None else {"mp_policy": policy}
+    if offload:  # pinned host memory for the copies only where there is a GPU to copy to
+        mp["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, **mp)
     root = ShardedPolicy(model)

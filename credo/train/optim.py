@@ -1,16 +1,25 @@
-"""AdamW and the learning-rate schedule (linear warm-up, then constant / cosine / linear decay)."""
+"""AdamW (optionally with its state offloaded to the CPU, credo.train.offload) and the learning-rate schedule
+(linear warm-up, then constant / cosine / linear decay)."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from credo.train.fsdp import plain_norm
+from credo.train.fsdp import is_sharded, plain_norm
 
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float = 0.0,
-                    betas: tuple[float, float] | list[float] = (0.9, 0.99)) -> torch.optim.AdamW:
+                    betas: tuple[float, float] | list[float] = (0.9, 0.99),
+                    offload: bool = False) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s trainable parameters. ``offload`` (``train.optimizer_offload``): its state and master
+    weights on the CPU (credo.train.offload.OffloadedAdamW); a sharded (FSDP2) model gets the plain AdamW, its
+    offload being FSDP2's ``CPUOffloadPolicy`` given at sharding (credo.train.fsdp.shard_policy)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if offload and not is_sharded(model):
+        from credo.train.offload import OffloadedAdamW
+
+        return OffloadedAdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
     # the fused kernel (CPU and CUDA) is several times faster than the per-tensor loop on large models
     # (0.15 s vs 0.85 s per step for SmolLM2-135M on 2 CPU cores) and just as deterministic
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
