@@ -146,19 +146,34 @@ def test_served_adapter_logprobs_are_the_trainers_and_only_the_adapter_travels(s
     assert engine.served_version() == "2"
 
 
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.vllm
-def test_train_with_lora_on_vllm_through_the_cli(tmp_path):
+def test_train_and_resume_with_lora_on_vllm_through_the_cli(tmp_path):
+    """2 steps through the CLI, then the run resumed from its step-1 checkpoint (the engine starts on the base the
+    checkpoint names, with the checkpoint's adapter)."""
     _need_vllm()
+    import shutil
+
     from credo.cli.main import main
 
     run = tmp_path / "run"
     assert main(["-q", "train", "--run-dir", str(run), "rollout.engine=vllm", "rollout.vllm.dtype=float32",
                  "model.lora.r=4", "model.lora.alpha=8", "train.lr=3e-3", "train.steps=2", "eval.every=2",
-                 *FAST]) == 0
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+                 *FAST, "checkpoint.every=1"]) == 0
+    rows = _rows(run)
     stepped = [r for r in rows if "actor/first_ratio_dev" in r]
     assert len([r for r in rows if "reward/mean" in r]) == 2 and stepped
     assert all(r["actor/first_ratio_dev"] < 1e-4 and r["rollout/logprob_abs_diff"] < TOL for r in stepped)
     assert all(r.get("guard/weight_sync_trips") == 0.0 for r in stepped)
     assert (run / "final" / ADAPTER_WEIGHTS).is_file() and not (run / "final" / "model.safetensors").exists()
     assert not list(run.glob("credo-vllm-lora-*"))  # the adapters' scratch folder went with the engine
+    shutil.rmtree(run / "checkpoints" / "step_000002")  # resume from step 1
+    assert main(["-q", "train", "--resume", str(run)]) == 0
+    again = [r for r in _rows(run) if "reward/mean" in r]
+    assert len(again) == 2 and again[1]["rollout/logprob_abs_diff"] < TOL
+    first = [r for r in rows if "reward/mean" in r]  # the resumed step samples what the uninterrupted one did
+    assert again[1]["reward/mean"] == first[1]["reward/mean"]
+    assert again[1].get("guard/weight_sync_trips") == 0.0
