@@ -10,8 +10,8 @@ from pathlib import Path
 
 from credo.config.hub_ref import parse_hub_id
 from credo.recipes.cli_common import config_args
-from credo.plan.model import (DTYPE_BYTES, GIB, Hardware, ModelShape, Workload, memory_per_rank, param_count,
-                              step_flops)
+from credo.plan.model import (DTYPE_BYTES, GIB, Hardware, ModelShape, Workload, lora_params, memory_per_rank,
+                              param_count, step_flops)
 
 DEFAULT_PROMPT_TOKENS = 64
 
@@ -102,13 +102,16 @@ def workload_of(cfg, ranks: int, prompt_tokens: int) -> Workload:
     critic = bool(cfg.critic.enabled)
     old_pass = (t.old_logprob_pass == "always" or not one_step or cfg.algo.kl_coef > 0 or critic
                 or bool(getattr(r, "one_step_off", False)))
-    if cfg.model.lora is not None:
-        raise NotImplementedError("LoRA (model.lora) is not modelled yet (only full fine-tuning)")
+    lora = cfg.model.lora
     return Workload(sequences=sequences, prompt_tokens=prompt_tokens, new_tokens=r.max_new_tokens,
                     micro_batch=min(micro, per_rank), gen_batch=min(r.max_batch_size, gen), dtype=cfg.model.dtype,
                     chunk_size=t.logprob_chunk_size, ppo_epochs=t.ppo_epochs, old_logprob_pass=old_pass,
-                    reference=cfg.algo.kl_coef > 0, eager_attention=cfg.model.attn_implementation == "eager",
-                    activation_checkpointing=t.activation_checkpointing)
+                    # a LoRA policy's reference is itself with the adapters off: no second copy
+                    reference=cfg.algo.kl_coef > 0 and lora is None,
+                    eager_attention=cfg.model.attn_implementation == "eager",
+                    activation_checkpointing=t.activation_checkpointing, mixed_precision=t.mixed_precision,
+                    optimizer_offload=t.optimizer_offload, lora_rank=lora.r if lora is not None else 0,
+                    lora_targets=tuple(lora.target_modules) if lora is not None else ())
 
 
 def _fmt(n: int, unit: int) -> str:
@@ -120,9 +123,14 @@ def render(shape: ModelShape, w: Workload, hw: Hardware, strategy: str) -> str:
     ddp, fsdp = memory_per_rank(shape, w, "ddp", hw.count), memory_per_rank(shape, w, "fsdp2", hw.count)
     n = param_count(shape)
     unit, name = (GIB, "GiB") if ddp.peak >= GIB else (1024**2, "MiB")
+    adapters = lora_params(shape, w.lora_rank, w.lora_targets)
+    lora = f"; LoRA r={w.lora_rank} on {','.join(w.lora_targets)}: {adapters:,} trainable" if w.lora_rank else ""
     lines = [f"model: {n:,} parameters (V={shape.vocab} H={shape.hidden} I={shape.intermediate} L={shape.layers} "
              f"heads={shape.heads} kv_heads={shape.kv_heads} tied={shape.tied}), {w.dtype} "
-             f"({DTYPE_BYTES[w.dtype]} bytes)",
+             f"({DTYPE_BYTES[w.dtype]} bytes){lora}",
+             f"train: mixed precision {w.mixed_precision}, activation checkpointing "
+             f"{'on' if w.activation_checkpointing else 'off'}, optimizer offload "
+             f"{'on' if w.optimizer_offload else 'off'}",
              f"hardware: {hw.count} x {hw.kind} with {hw.mem_gb:g} GiB; config strategy: {strategy}",
              f"step: {w.sequences} sequences of {w.prompt_tokens} prompt + {w.new_tokens} new tokens; per rank: "
              f"micro-batch {w.micro_batch}, generation batch {w.gen_batch}; old-log-prob pass: "
@@ -130,13 +138,15 @@ def render(shape: ModelShape, w: Workload, hw: Hardware, strategy: str) -> str:
              "", f"{'memory per rank (' + name + ')':<28}{'DDP':>10}{'FSDP2':>10}"]
     rows = [("parameters", "params"), ("gradients", "grads"), ("AdamW state (2 moments)", "optimizer"),
             ("reference model", "reference"), ("engine copy (unsharded)", "engine_copy"),
-            ("gathered FSDP2 unit", "gathered"), ("activations (micro-batch)", "activations"),
-            ("KV cache (rollout)", "kv_cache")]
+            ("gathered FSDP2 unit", "gathered"), ("bf16 weight copy (autocast)", "compute_copy"),
+            ("activations (micro-batch)", "activations"), ("KV cache (rollout)", "kv_cache")]
     for label, field in rows:
         lines.append(f"{label:<28}{_fmt(getattr(ddp, field), unit)}{_fmt(getattr(fsdp, field), unit)}")
     lines.append(f"{'peak (upper bound)':<28}{_fmt(ddp.peak, unit)}{_fmt(fsdp.peak, unit)}")
     fits = ["fits" if m.peak <= hw.mem_gb * GIB else "DOES NOT FIT" for m in (ddp, fsdp)]
-    lines.append(f"{'fits in ' + format(hw.mem_gb, 'g') + ' GiB':<28}{fits[0]:>10}{fits[1]:>10}")
+    lines.append(f"{'fits in ' + format(hw.mem_gb, 'g') + ' GiB':<28}{fits[0]:>10} {fits[1]:>9}")
+    if w.optimizer_offload:
+        lines.append(f"{'host memory (offload)':<28}{_fmt(ddp.host, unit)}{_fmt(fsdp.host, unit)}")
     f = step_flops(shape, w)
     lines += ["", "FLOPs per RL step (all ranks)"]
     for label, value in (("generation", f.generation), ("training (6N)", f.training),
