@@ -46,6 +46,8 @@ from credo.recipes.step import rl_step
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_state, save_checkpoint, set_rng_state
+from credo.train.dcp_checkpoint import DCP_DIR, load_sharded, saved_world_size, sharded_writer
+from credo.train.fsdp import is_sharded
 from credo.train.migrate import FORMAT_VERSION, migrate_trainer_state
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.plan import StepPlan
@@ -123,14 +125,12 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     data = load_data(cfg, cfg.seed)
     ckpt = resume_checkpoint(run_dir) if resume else None  # the newest intact one (damaged ones are skipped)
     # data parallel: the same step on every rank, and rank 0's weights (rank r > 0 saves none)
-    ckpt, weights = agree_on_checkpoint(dp, run_dir, ckpt) if resume else (None, None)
+    sharded = cfg.distributed.strategy == "fsdp2"  # its model and optimizer state are sharded (dcp/, resharded)
+    ckpt, weights = agree_on_checkpoint(dp, run_dir, ckpt, sharded=sharded) if resume else (None, None)
     if resume and ckpt is None:
         raise FileNotFoundError(f"no complete, intact checkpoint in {run_dir}/checkpoints (the run stopped before "
                                 f"its first checkpoint?); start it again in the same folder with: credo train "
                                 f"--config {run_dir}/config.yaml --run-dir {run_dir} --overwrite")
-    if ckpt is not None and cfg.distributed.strategy == "fsdp2":
-        raise NotImplementedError("resuming a distributed.strategy=fsdp2 run is not implemented: its checkpoints "
-                                  "hold the whole weights but each rank's optimizer state is sharded")
     model, tokenizer, fresh = (load_model(weights / "model", cfg.model) + (False,)) if ckpt else \
         load_or_build(cfg.model, seed=cfg.seed)
     if cfg.rollout.collector.type != "agent":  # single-turn prompts (agent episodes build theirs from the envs)
@@ -146,8 +146,10 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
         parts = build_parts(cfg, run_dir, dp, stack, model, tokenizer, data, ckpt)  # a piece that cannot be built fails here
         state = restore(cfg, ckpt, parts, weights) if ckpt else start(cfg, run_dir, parts, fresh)
         parts.ref_model = load_reference(cfg, parts.plan, run_dir, parts.model)
-        if cfg.distributed.strategy == "fsdp2":
+        if sharded:
             shard_policy_of(cfg, parts)
+            if ckpt is not None:  # the sharded model and optimizer state, after sharding (resharded if need be)
+                restore_sharded(cfg, ckpt, weights, parts)
         rl_loop(cfg, run_dir, state, parts)
         whole = parts.rollout.plain_model()
     save_final(cfg, run_dir, whole, tokenizer)
@@ -232,8 +234,12 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
 def checkpoint(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> None:
     """Checkpoint step ``state.step`` (credo.train.checkpoint) and log its duration to checkpoints.jsonl."""
     t_ck = time.perf_counter()
+    sharded = None
+    if is_sharded(parts.model):  # FSDP2: every rank's shards of the policy and its AdamW state into rank 0's dcp/
+        sharded = sharded_writer(parts.model, parts.optimizer, parts.dp.rank, parts.dp.world_size, parts.dp.group)
     save_checkpoint(run_dir, state.step, model=parts.rollout.plain_model(), tokenizer=parts.tokenizer,
-                    keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts), critic=parts.critic)
+                    keep=cfg.checkpoint.keep, trainer_state=trainer_state(state, parts), critic=parts.critic,
+                    sharded=sharded)
     parts.logger.log(state.step, {"timing_s/checkpoint": time.perf_counter() - t_ck}, file="checkpoints.jsonl")
 
 
@@ -287,8 +293,9 @@ def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
     """What :func:`restore` reads back. The coordinator's state first: it finishes a batch in flight, which
     advances the collector's state."""
     saved = parts.rollout.state_dict()
-    saved |= {"format_version": FORMAT_VERSION, "run": copy.deepcopy(state.__dict__),
-              "optimizer": parts.optimizer.state_dict(), "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
+    # FSDP2: the policy's optimizer state is in the checkpoint's dcp/ (credo.train.dcp_checkpoint)
+    optimizer = {"sharded": DCP_DIR} if is_sharded(parts.model) else parts.optimizer.state_dict()
+    saved |= {"format_version": FORMAT_VERSION, "run": copy.deepcopy(state.__dict__), "optimizer": optimizer, "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
               COLLECTOR_KEY: parts.collector.state_dict(), "guards": parts.guards.state_dict()}
     if parts.critic is not None:
         saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
@@ -301,9 +308,13 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts, weights: Path | None = Non
     run); a trainer state of an older credo is upgraded first (credo.train.migrate)."""
     weights = weights or ckpt
     saved = migrate_trainer_state(load_trainer_state(ckpt), sampling=SamplingParams.of(cfg.rollout))
-    parts.optimizer.load_state_dict(saved["optimizer"])
-    parts.scheduler.load_state_dict(saved["scheduler"])
+    sharded = _sharded_optimizer(cfg, ckpt, saved)
+    if sharded is None:  # FSDP2: loaded after sharding (restore_sharded)
+        parts.optimizer.load_state_dict(saved["optimizer"])
+        parts.scheduler.load_state_dict(saved["scheduler"])
     parts.rollout.load_state_dict(saved)
+    if sharded is not None:
+        _reseed_resharded_engine(cfg, saved_world_size(weights / sharded), saved["run"]["step"], parts)
     parts.collector.load_state_dict(saved[COLLECTOR_KEY])
     if (weights / "critic").is_dir():
         attach_critic(cfg, parts, ValueModel.load(weights / "critic", cfg.model.device))
@@ -315,6 +326,39 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts, weights: Path | None = Non
     state = RunState(**saved["run"])
     parts.rollout.sync(state.step, force=True)  # remote rollout workers start from the checkpoint's weights
     return state
+
+
+def _sharded_optimizer(cfg: RunConfig, ckpt: Path, saved: dict[str, Any]) -> str | None:
+    """The folder of the checkpoint's sharded optimizer state (FSDP2), or None when the trainer state holds it
+    whole; a checkpoint of the other strategy is refused in one line."""
+    folder = saved["optimizer"].get("sharded") if isinstance(saved["optimizer"], dict) else None
+    if (folder is not None) != (cfg.distributed.strategy == "fsdp2"):
+        kind = "an FSDP2 (sharded)" if folder is not None else "a whole-model"
+        raise ValueError(f"{ckpt} is {kind} checkpoint; resume it with the distributed.strategy that wrote it "
+                         f"(now {cfg.distributed.strategy}), or `credo export` it and start a new run")
+    return folder
+
+
+def restore_sharded(cfg: RunConfig, ckpt: Path, weights: Path, parts: Parts) -> None:
+    """FSDP2 resume, after :func:`shard_policy_of` rebuilt the optimizer on the shards: the sharded weights and
+    optimizer state from rank 0's checkpoint ``weights`` (``dcp/``, resharded when the number of ranks changed,
+    credo.train.dcp_checkpoint; the checkpoint passed its manifest check in agree_on_checkpoint), then the
+    scheduler of this rank's ``ckpt``."""
+    saved = migrate_trainer_state(load_trainer_state(ckpt), sampling=SamplingParams.of(cfg.rollout))
+    load_sharded(weights / _sharded_optimizer(cfg, ckpt, saved), parts.model, parts.optimizer)
+    parts.scheduler.load_state_dict(saved["scheduler"])
+
+
+def _reseed_resharded_engine(cfg: RunConfig, written: int, step: int, parts: Parts) -> None:
+    """A resume on another number of ranks than the ``written`` that saved the checkpoint restores rank 0's
+    trainer state on every rank; with sharded rollouts (each rank samples its share with its own stream) rank
+    r > 0 then draws from a stream of its own, seeded by its rank and the ``step``, rather than repeating rank 0's
+    (docs/distributed.md, "Resuming an FSDP2 run")."""
+    if written == parts.dp.world_size or not parts.rollout.shard or parts.engine is None or parts.dp.rank == 0 \
+            or set(parts.engine.state_dict()) != {"generator"}:
+        return
+    seed = parts.rollout.engine_seed(cfg.seed) + 7_919 * step
+    parts.engine.load_state_dict({"generator": torch.Generator().manual_seed(seed).get_state()})
 
 
 def _step_of(ckpt: Path) -> int:

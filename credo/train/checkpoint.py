@@ -7,6 +7,8 @@ Layout of ``RUN_DIR/checkpoints/``::
         critic/                     value model (backbone + value_head.safetensors), when a critic is trained
         trainer_state.json          step, optimizer, scheduler, RNG states, data position, engine RNG, counters
         trainer_state.safetensors   ... their tensors (credo.train.state_codec: no pickle, nothing executable)
+        dcp/                        distributed.strategy=fsdp2, rank 0's checkpoint: every rank's shards of the
+                                    weights and optimizer state (credo.train.dcp_checkpoint)
         MANIFEST.json               size and sha256 of every file above
         COMPLETE                    marker written last
     latest                          text file naming the newest complete checkpoint (``step_NNNNNN``)
@@ -35,7 +37,7 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -86,10 +88,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state: dict[str, Any], keep: int,
-                    critic=None) -> Path:
+                    critic=None, sharded: Callable[[Path], None] | None = None) -> Path:
     """Write checkpoint ``step`` atomically (module docstring). A write that fails (a full disk included) leaves
     no partial folder behind and the previous checkpoint untouched; a full disk is one line
-    (:class:`CheckpointSpaceError`) naming the folder, the space needed and the space free."""
+    (:class:`CheckpointSpaceError`) naming the folder, the space needed and the space free. ``sharded``: called
+    with the partial folder before the manifest is written (FSDP2: every rank's shards into rank 0's,
+    :func:`credo.train.dcp_checkpoint.sharded_writer`; a collective)."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
@@ -100,6 +104,8 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
         if critic is not None:
             critic.save(tmp / "critic")
         save_state(trainer_state, tmp)
+        if sharded is not None:
+            sharded(tmp)
         write_manifest(tmp)
         _write_synced(tmp / COMPLETE, name)
     except BaseException as exc:
