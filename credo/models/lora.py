@@ -23,6 +23,7 @@ credo.recipes.lora_stage; loading an adapter directory with its base is credo.mo
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -94,6 +95,23 @@ def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)  # also gives the adapter back its requires_grad (disabling cleared it)
+
+
+def merged_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` with every LoRA layer merged into its base weight (W <- W + (alpha / r) B A) and
+    replaced by that plain base layer, all parameters trainable: a LoRA policy's backbone for a new critic
+    (credo.models.value.ValueModel.from_policy), which then saves and loads as any Hugging Face backbone."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    out = copy.deepcopy(module)
+    for name, layer in [(n, m) for n, m in out.named_modules() if isinstance(m, BaseTunerLayer)]:
+        layer.merge()
+        parent, _, child = name.rpartition(".")
+        setattr(out.get_submodule(parent) if parent else out, child, layer.get_base_layer())
+    for attr in ("peft_config", "_hf_peft_config_loaded", "credo_lora_base"):
+        if attr in out.__dict__:
+            delattr(out, attr)
+    return out.requires_grad_(True)
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

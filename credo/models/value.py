@@ -123,8 +123,12 @@ class ValueModel(torch.nn.Module):
 
     @classmethod
     def from_policy(cls, policy: torch.nn.Module, head: str = "scalar", **head_args) -> "ValueModel":
-        """A critic initialised from the policy's backbone (a copy; the policy is not shared)."""
-        backbone = copy.deepcopy(policy.base_model)
+        """A critic initialised from the policy's backbone (a copy; the policy is not shared). A LoRA policy's
+        backbone is copied with its adapters merged into plain weights, every one of them trained by the critic."""
+        from credo.models.lora import merged_copy
+
+        lora = any("lora_" in name for name, _ in policy.base_model.named_parameters())
+        backbone = merged_copy(policy.base_model) if lora else copy.deepcopy(policy.base_model)
         model = cls(backbone, head, **head_args)
         return model.to(next(policy.parameters()).device)
 

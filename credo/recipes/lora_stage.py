@@ -16,7 +16,6 @@ from credo.models import save_model
 from credo.models.hub import resolve_model_path
 from credo.models.lora import BASE_DIR, UNSUPPORTED_TARGETS, apply_lora
 from credo.recipes.common import warm_start, warm_start_enabled
-from credo.recipes.stages import needs_critic
 from credo.tracking.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
@@ -33,12 +32,11 @@ def check_lora_config(cfg) -> None:
                           "layers (q_proj, ..., down_proj); lm_head / embed_tokens are read as plain weights by "
                           "the chunked log-prob path and the tied head")
     unsupported = {"distributed.backend=ray": cfg.distributed.backend == "ray",
-                   "model.arch=llava": cfg.model.arch == "llava" and not cfg.model.path,
-                   "a critic": needs_critic(cfg)}
+                   "model.arch=llava": cfg.model.arch == "llava" and not cfg.model.path}
     for what, hit in unsupported.items():
         if hit:
             raise NotImplementedError(f"model.lora with {what} is not implemented (docs/lora.md: LoRA runs "
-                                      "with rollout.engine=hf or vllm, without Ray workers or a critic); drop "
+                                      "with rollout.engine=hf or vllm, without Ray workers); drop "
                                       f"{what} or model.lora")
 
 
