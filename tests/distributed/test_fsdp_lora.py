@@ -51,7 +51,8 @@ def single(tmp_path_factory) -> Path:
 def test_two_rank_lora_run_matches_the_single_process_lora_run_and_saves_only_the_adapter(tmp_path, single,
                                                                                           strategy):
     """FSDP2 (sharded base + adapters) and DDP (rank 1 once crashed saving an adapter naming a base it never
-    wrote) against one process."""
+    wrote) against one process; the FSDP2 run resumed from its step-1 checkpoint gives the same rows and
+    adapter."""
     credo, torchrun = _scripts()
     sharded = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", credo, "train", "--run-dir",
                               str(tmp_path / "fsdp"), *RUN, "distributed.backend=torchrun",
@@ -76,6 +77,19 @@ def test_two_rank_lora_run_matches_the_single_process_lora_run_and_saves_only_th
         for k in want:
             torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5, msg=k)
         assert not list((tmp_path / "fsdp" / "rank1" / where).glob("*.safetensors"))  # rank 0 writes the adapter
+    if strategy == "fsdp2":  # resume from step 1 (the sharded dcp/ state) in a copy: the same rows and adapter
+        cut = tmp_path / "cut"
+        shutil.copytree(tmp_path / "fsdp", cut)
+        for rank_dir in (cut, cut / "rank1"):
+            shutil.rmtree(rank_dir / "checkpoints" / "step_000002")
+            shutil.rmtree(rank_dir / "final")
+        resumed = subprocess.run([torchrun, "--nproc-per-node", "2", "--no-python", credo, "train", "--resume",
+                                  str(cut)], capture_output=True, text=True, env=ENV)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        keys = ("reward/mean", "actor/grad_norm", "actor/pg_loss", "actor/kl")
+        assert [[r[k] for k in keys] for r in _rows(cut / "metrics.jsonl")] == [[r[k] for k in keys] for r in two]
+        again, want = (load_file(d / "final" / "adapter_model.safetensors") for d in (cut, tmp_path / "fsdp"))
+        assert all(torch.equal(again[k], want[k]) for k in want)
     # the trained adapter is not the initial one (a sync / save of stale adapters would still match single above
     # only if both were stale: this pins that the saved tensors moved)
     first = load_file(tmp_path / "fsdp" / "checkpoints/step_000001/model/adapter_model.safetensors")
