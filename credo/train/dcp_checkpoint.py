@@ -4,7 +4,8 @@ A ``distributed.strategy=fsdp2`` checkpoint of rank 0 (:mod:`credo.train.checkpo
 Hugging Face ``model/`` (for eval and export) and each rank's trainer state in its own run directory::
 
     step_000040/dcp/
-        __0_0.distcp, __1_0.distcp, ...   each rank's shards of the weights and of the AdamW state (one file a rank)
+        __0_0.distcp, __1_0.distcp, ...   each rank's shards of the trainable weights (not a LoRA policy's frozen
+                                          base: it comes with model/) and of the AdamW state, one file a rank
         .metadata                         DCP's index of the shards (written by rank 0, pickled by DCP)
         sharded.json                      credo's note: format and the number of ranks that wrote it
 
@@ -19,9 +20,9 @@ Trust boundary. DCP stores its ``.metadata`` with :mod:`pickle` and, by default,
 optimizer's ``param_groups``) with ``torch.load(weights_only=False)``. credo loads only a checkpoint whose files
 match the sha256 manifest credo wrote when it saved them (the caller checks,
 :func:`credo.train.checkpoint.checkpoint_problem`), and on top of that unpickles ``.metadata`` with an allow-list
-of DCP's own metadata classes (:class:`_MetadataUnpickler`: anything else, a function call included, is refused)
-and the non-tensor entries with ``torch.load(weights_only=True)``; tensors are read as raw bytes with
-``weights_only=True`` by DCP itself. Nothing in a checkpoint can run code when loaded.
+of DCP's own metadata classes and the few torch helpers they name (:class:`_MetadataUnpickler`: any other global,
+``os.system`` say, is refused before it is called) and the non-tensor entries with ``torch.load(weights_only=True)``;
+tensors are read as raw bytes with ``weights_only=True`` by DCP itself. Loading runs no code from the checkpoint.
 """
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ def save_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(strict=True))
+    _drop_frozen(model, model_state)
     dcp.save({"model": model_state, "optim": optim_state},
              storage_writer=dcp.FileSystemWriter(str(folder), single_file_per_rank=True, sync_files=True))
     if dist.get_rank() == 0:
@@ -123,10 +125,29 @@ def load_sharded(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     saved_world_size(folder)  # a folder credo wrote (its note parses), or ShardedStateError
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(strict=True))
+    _drop_frozen(model, model_state)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, storage_reader=_reader(folder), planner=_planner())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    dcp.load(state, storage_reader=_reader(folder), planner=_planner())  # every trainable tensor, or an error
+    # not strict: the frozen parameters are not in the checkpoint (they came with the policy's model/)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_options(strict=False))
+
+
+def _options(*, strict: bool):
+    """Frozen parameters (a LoRA policy's base) are left out: they never change, come with the policy's
+    ``model/`` (its base), and would make every checkpoint as large as the base."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
+
+
+def _drop_frozen(model: torch.nn.Module, model_state: dict[str, Any]) -> None:
+    """Remove the other names of frozen parameters (a tied output head of a frozen embedding), which
+    ``ignore_frozen_params`` keeps."""
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if not param.requires_grad:
+            model_state.pop(name, None)
 
 
 def saved_world_size(folder: Path) -> int:

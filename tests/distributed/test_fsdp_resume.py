@@ -44,7 +44,7 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(next((run / "final").glob("*.safetensors")))
 
 
-def _full_and_cut(tmp_path: Path) -> tuple[list[str], dict, Path]:
+def _full_and_cut(tmp_path: Path, extra: tuple[str, ...] = ()) -> tuple[list[str], dict, Path]:
     """The uninterrupted 4-step FSDP2 run on 2 ranks (``full``) and the same run killed at the start of RL step 2
     (``cut``, its step-2 checkpoint checked); returns ``(torchrun command, env, cut run dir)``."""
     credo, torchrun = shutil.which("credo"), shutil.which("torchrun")
@@ -54,7 +54,7 @@ def _full_and_cut(tmp_path: Path) -> tuple[list[str], dict, Path]:
               "checkpoint.every=1", "checkpoint.keep=2", "log.report=false", "log.tensorboard=false",
               "log.progress=false", "train.threads=1", f"output_dir={tmp_path}", *TINY_MODEL,
               "reward.name=tests.reward_fixtures:length_score", "distributed.backend=torchrun",
-              "distributed.rollout=replicate", "distributed.strategy=fsdp2"]
+              "distributed.rollout=replicate", "distributed.strategy=fsdp2", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     two = [torchrun, "--standalone", "--nproc-per-node", "2"]  # a free port: other tests run torchrun at once
     full = _run([*two, "--no-python", credo, "train", *common, "run_name=full"], env)
@@ -68,7 +68,7 @@ def _full_and_cut(tmp_path: Path) -> tuple[list[str], dict, Path]:
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "sharded.json"]  # both ranks' shards, in rank 0's
     manifest = json.loads((ckpt / "MANIFEST.json").read_text())["files"]
     assert {f"dcp/{s}" for s in shards} <= manifest.keys()  # checksummed with the rest
-    assert list((ckpt / "model").glob("*.safetensors"))  # the whole weights stay (eval, export)
+    assert list((ckpt / "model").glob("*.safetensors"))  # the whole weights (or adapter) stay (eval, export)
     assert json.loads((ckpt / "trainer_state.json").read_text())["state"]["optimizer"] == {"sharded": "dcp"}
     assert len(_rows(tmp_path / "cut" / "metrics.jsonl")) == 3  # steps 0-2, then the kill
     return [torchrun, "--standalone", "--no-python", credo, "train", "--resume", str(tmp_path / "cut")], env, \
@@ -76,7 +76,24 @@ def _full_and_cut(tmp_path: Path) -> tuple[list[str], dict, Path]:
 
 
 def test_fsdp2_run_killed_and_resumed_matches_the_uninterrupted_run(tmp_path):
-    resume, env, cut = _full_and_cut(tmp_path)
+    _killed_and_resumed(tmp_path)
+
+
+@pytest.mark.slow  # 3 torchrun runs: 50-60 s on 2 shared cores
+def test_fsdp2_lora_run_killed_and_resumed_matches_the_uninterrupted_run(tmp_path):
+    """model.lora under FSDP2: the frozen base stays out of dcp/ (it comes with the adapter's base), the adapters
+    and their AdamW state resume exactly."""
+    _killed_and_resumed(tmp_path, ("model.lora.r=4", "model.lora.alpha=8", "train.lr=3e-3"))
+    metadata = tmp_path / "cut" / "checkpoints" / "step_000004" / "dcp" / ".metadata"
+    from credo.train.dcp_checkpoint import _MetadataUnpickler
+
+    with open(metadata, "rb") as f:
+        keys = set(_MetadataUnpickler(f).load().state_dict_metadata)
+    assert keys and all("lora_" in k for k in keys if k.startswith(("model.", "optim.state.")))
+
+
+def _killed_and_resumed(tmp_path: Path, extra: tuple[str, ...] = ()) -> None:
+    resume, env, cut = _full_and_cut(tmp_path, extra)
     resumed = _run([*resume[:2], "--nproc-per-node", "2", *resume[2:]], env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for rel in ("metrics.jsonl", "rank1/metrics.jsonl"):
@@ -148,7 +165,7 @@ def _full_moments(optimizer, model) -> dict[str, torch.Tensor]:
     whole = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
     out = {}
     for name, p in model.named_parameters():
-        for key in ("exp_avg", "exp_avg_sq"):
+        for key in ("exp_avg", "exp_avg_sq") if p.requires_grad else ():
             out[f"{name}.{key}"] = whole(optimizer.state[p][key]).clone()
     return out
 
@@ -164,10 +181,11 @@ def _dcp_worker(rank: int, world: int, init_file: str, folder: str, phase: str) 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         model = _Toy()
-        if phase == "load":  # other starting weights: everything must come from the checkpoint
+        model.base_model.layers[0].requires_grad_(False)  # frozen (as a LoRA base): not in the checkpoint
+        if phase == "load":  # other trainable weights: they must come from the checkpoint
             with torch.no_grad():
                 for p in model.parameters():
-                    p.add_(1.0)
+                    p.add_(1.0 if p.requires_grad else 0.0)
         root = shard_policy(model, world)
         optimizer = build_optimizer(model, lr=1e-2, weight_decay=0.1)
         if phase == "save":
@@ -199,7 +217,8 @@ def _spawn(world: int, folder: Path, phase: str) -> dict:
 
 def test_dcp_round_trip_reshards_2_ranks_onto_3_exactly(tmp_path):
     """Weights and AdamW moments saved by 2 FSDP2 ranks load on 3 ranks bit for bit (into a model whose weights
-    were moved and an optimizer that never stepped), and the next step agrees with the one the savers took."""
+    were moved and an optimizer that never stepped), and the next step agrees with the one the savers took. A
+    frozen layer (a LoRA base) is left out of the checkpoint."""
     from credo.train.dcp_checkpoint import INFO, _MetadataUnpickler, saved_world_size
 
     folder = tmp_path / "dcp"
@@ -207,7 +226,11 @@ def test_dcp_round_trip_reshards_2_ranks_onto_3_exactly(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", INFO]
     assert saved_world_size(folder) == 2
     with open(folder / ".metadata", "rb") as f:  # the real metadata passes the allow-list
-        assert type(_MetadataUnpickler(f).load()).__name__ == "Metadata"
+        metadata = _MetadataUnpickler(f).load()
+    assert type(metadata).__name__ == "Metadata"
+    keys = set(metadata.state_dict_metadata)
+    assert "model.base_model.layers.1.weight" in keys and "optim.state.base_model.layers.1.weight.exp_avg" in keys
+    assert not [k for k in keys if "layers.0." in k]  # the frozen layer
     loaded = _spawn(3, folder, "load")
     assert loaded["step"] == saved["step"] == 2.0 and loaded["lr"] == saved["lr"]
     for kind in ("weights", "moments"):
@@ -216,8 +239,76 @@ def test_dcp_round_trip_reshards_2_ranks_onto_3_exactly(tmp_path):
         for name, value in saved[kind].items():
             torch.testing.assert_close(loaded[kind][name], value, rtol=0, atol=0, msg=name)
     for name, value in saved["next"].items():  # 3-way instead of 2-way gradient reduction: rounding only
-        assert not torch.equal(value, saved["weights"][name])
+        assert torch.equal(value, saved["weights"][name]) == ("layers.0." in name)
         torch.testing.assert_close(loaded["next"][name], value, rtol=0, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------- agreeing on the checkpoint
+
+def _fake_checkpoint(root: Path, step: int, written: int | None) -> None:
+    """An intact checkpoint as far as checkpoint_problem can tell; ``written``: its dcp/sharded.json (None: none)."""
+    from credo.train.checkpoint import COMPLETE, write_manifest
+
+    ckpt = root / "checkpoints" / f"step_{step:06d}"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "model" / "config.json").write_text("{}")
+    if written is not None:
+        (ckpt / "dcp").mkdir()
+        (ckpt / "dcp" / "sharded.json").write_text(json.dumps({"format": "credo-dcp/1", "world_size": written}))
+    write_manifest(ckpt)
+    (ckpt / COMPLETE).write_text(ckpt.name)
+    (root / "checkpoints" / "latest").write_text(ckpt.name)
+
+
+def _agree_worker(rank: int, init_file: str, runs: list[str], out: str) -> None:
+    import torch.distributed as dist
+
+    from credo.distributed.launch import agree_on_checkpoint
+    from credo.train.checkpoint import resume_checkpoint
+    from credo.train.data_parallel import DataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        got = []
+        for run in runs:
+            own_dir = Path(run) / (f"rank{rank}" if rank else "")
+            try:
+                got.append([str(p) for p in agree_on_checkpoint(DataParallel(rank, 2), own_dir,
+                                                                resume_checkpoint(own_dir), sharded=True)])
+            except (FileNotFoundError, ValueError) as exc:
+                got.append([f"{type(exc).__name__}: {exc}"])
+        Path(out, f"{rank}.json").write_text(json.dumps(got))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_ranks_agree_on_rank_0s_checkpoint_when_the_number_of_ranks_changed(tmp_path):
+    """On 2 ranks: a checkpoint written by 3 ranks (rank 2's folder left over, rank 1 one checkpoint behind) is
+    resumed by both ranks from rank 0's newest, trainer state included; one written by 2 ranks is agreed on as
+    with DDP (the oldest of the newest); an FSDP2 checkpoint without dcp/ stops both ranks in one line."""
+    import torch.multiprocessing as mp
+
+    shrunk, same, old = tmp_path / "shrunk", tmp_path / "same", tmp_path / "old"
+    for step in (1, 2):
+        _fake_checkpoint(shrunk, step, 3)
+        _fake_checkpoint(same, step, 2)
+    _fake_checkpoint(shrunk / "rank1", 1, None)
+    _fake_checkpoint(shrunk / "rank2", 2, None)
+    _fake_checkpoint(same / "rank1", 1, None)
+    _fake_checkpoint(old, 1, None)
+    _fake_checkpoint(old / "rank1", 1, None)
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.start_processes(_agree_worker, args=(str(out / "init"), [str(shrunk), str(same), str(old)], str(out)),
+                       nprocs=2, join=True, start_method="spawn")
+    r0, r1 = (json.loads((out / f"{r}.json").read_text()) for r in range(2))
+    step2 = str(shrunk / "checkpoints" / "step_000002")
+    assert r0[0] == r1[0] == [step2, step2]
+    step1 = str(same / "checkpoints" / "step_000001")
+    assert r0[1] == [step1, step1] and r1[1] == [str(same / "rank1" / "checkpoints" / "step_000001"), step1]
+    for got in (r0[2], r1[2]):
+        assert got[0].startswith("FileNotFoundError: cannot resume") and "holds no sharded model" in got[0], got
 
 
 # ---------------------------------------------------------------------------- trust boundary, refusals
