@@ -67,9 +67,13 @@ def measure(model, tok, mode: str, reps: int, bucket_mb: int) -> tuple[float, di
         for rep in range(reps):
             # fresh tensors of new content, as after an optimizer step
             state = {k: p + 1e-4 * (rep + 1) for k, p in model.state_dict().items()}
-            for kind in KINDS:
+            for kind in KINDS[rep % len(KINDS):] + KINDS[:rep % len(KINDS)]:  # each kind in each place in turn
                 version += 1
-                if kind == "torchdist-1layer":
+                if kind == "torchdist-1layer":  # one layer changed since the last sync (of whichever kind)
+                    if torchdist.tracker.version != str(version - 1):
+                        torchdist.only_changed = True
+                        torchdist.sync(state, version=version)  # not timed: the tracker learns the state
+                        version += 1
                     state[layer] = state[layer] * 1.001
                 torchdist.only_changed = kind != "torchdist-nosum"
                 if kind == "torchdist":
@@ -86,6 +90,44 @@ def measure(model, tok, mode: str, reps: int, bucket_mb: int) -> tuple[float, di
     return start, times, nbytes
 
 
+def _wire_receiver(port: int, sizes: list[int], rounds: int) -> None:
+    from credo.rollout.torchdist_sync import broadcast, open_group
+
+    group = open_group("127.0.0.1", port, rank=1, world_size=2, timeout_s=120)
+    for _ in range(rounds):
+        for n in sizes:
+            broadcast(group, torch.empty(n, dtype=torch.uint8)).wait()
+
+
+def wire(model, reps: int, bucket_mb: int) -> list[float]:
+    """Seconds to pack and broadcast the whole state to another process on loopback (the transport alone, no
+    vLLM: what the engine's load adds on top is the rest of a torchdist sync)."""
+    import multiprocessing as mp
+
+    from credo.rollout.torchdist_sync import broadcast, free_port, open_group, pack, plan_buckets
+
+    state = model.state_dict()
+    buckets = plan_buckets(state.items(), bucket_mb << 20)
+    port = free_port()
+    proc = mp.get_context("spawn").Process(target=_wire_receiver, args=(port, [b["nbytes"] for b in buckets], reps))
+    proc.start()
+    group = open_group("127.0.0.1", port, rank=0, world_size=2, timeout_s=120)
+    out = []
+    bufs = [torch.empty(max(b["nbytes"] for b in buckets), dtype=torch.uint8) for _ in range(2)]
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        work = None
+        for i, meta in enumerate(buckets):
+            buf = pack([state[n] for n in meta["names"]], meta, bufs[i % 2])
+            if work is not None:
+                work.wait()
+            work = broadcast(group, buf)
+        work.wait()
+        out.append(time.perf_counter() - t0)
+    proc.join(60)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["demo", "smollm2"], choices=("demo", "smollm2"))
@@ -96,6 +138,11 @@ def main() -> None:
     medians: dict[tuple[str, str], dict[str, float]] = {}
     for name in args.models:
         model, tok, what = build(name)
+        nbytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+        w = wire(model, args.reps, args.bucket_mb)
+        print(f"{name} wire only (pack + gloo broadcast to another process, loopback, {args.bucket_mb} MiB buckets): "
+              f"median {statistics.median(w):.3f} s, {nbytes / statistics.median(w) / 1e9:.2f} GB/s "
+              f"(min {min(w):.3f}, max {max(w):.3f})", flush=True)
         for mode in args.modes:
             start, times, nbytes = measure(model, tok, mode, args.reps, args.bucket_mb)
             med = medians[(name, mode)] = {k: statistics.median(v) for k, v in times.items()}

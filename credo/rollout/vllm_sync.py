@@ -278,7 +278,7 @@ def workers_of(args: dict) -> int:
 
 
 def make_weight_sync(kind: str, client: Any, *, workers: int = 1, bucket_bytes: int = 256 << 20,
-                     timeout_s: float = 60.0, host: str = "127.0.0.1") -> Any:
+                     timeout_s: float = 60.0, host: str = "127.0.0.1", only_changed: bool = True) -> Any:
     """The sender for ``rollout.vllm.weight_sync`` ``kind`` over ``client``, initialized (its ``init`` ran: the
     engine's workers joined where the kind has a group): an object with ``sync(state, version=)`` and
     ``close()``. ``auto`` is torchdist, or safetensors (with a warning) when the engine rejects torchdist's init."""
@@ -292,7 +292,7 @@ def make_weight_sync(kind: str, client: Any, *, workers: int = 1, bucket_bytes: 
         sender = VLLMEngineSync(kind, client, workers=workers, host=host, bucket_bytes=bucket_bytes)
     else:
         sender = TorchDistWeightSync(client, workers=workers, host=host, bucket_bytes=bucket_bytes,
-                                     timeout_s=timeout_s)
+                                     timeout_s=timeout_s, only_changed=only_changed)
     try:
         sender.init()
     except RuntimeError as exc:

@@ -61,6 +61,7 @@ class VLLMOptions:
     weight_sync: str = "auto"  # auto | safetensors | torchdist | nccl | ipc (credo.rollout.vllm_sync)
     weight_sync_bucket_mb: int = 256
     weight_sync_timeout_s: float = 60.0
+    weight_sync_only_changed: bool = True
 
     @classmethod
     def of(cls, section: Any) -> "VLLMOptions":
@@ -90,7 +91,8 @@ def weight_sync(opts: VLLMOptions, client: Any) -> Any:
     """The trainer's weight sender for ``opts.weight_sync`` over ``client``, its engine joined
     (:func:`credo.rollout.vllm_sync.make_weight_sync`)."""
     return make_weight_sync(opts.weight_sync, client, workers=workers_of(opts.args),
-                            bucket_bytes=opts.weight_sync_bucket_mb << 20, timeout_s=opts.weight_sync_timeout_s)
+                            bucket_bytes=opts.weight_sync_bucket_mb << 20, timeout_s=opts.weight_sync_timeout_s,
+                            only_changed=opts.weight_sync_only_changed)
 
 
 def on_cpu() -> bool:

@@ -111,11 +111,18 @@ def test_checksum_sees_one_changed_element_and_a_swap():
     one = t.clone()
     one[20, 300] += 1e-3
     assert checksum(one) != base
-    swap = t.clone()
-    swap[0, 0], swap[5, 7] = t[5, 7], t[0, 0]  # same plain sum, other positions
-    assert checksum(swap)[2] == base[2] and checksum(swap) != base
+    words = torch.randint(-2**62, 2**62, (7000,))  # two words swap rows
+    moved = words.clone()
+    moved[0], moved[5000] = words[5000], words[0]
+    assert moved.sum() == words.sum() and checksum(moved) != checksum(words)
+    shifted = words.clone()  # +d and -d at once: the same sum, another xor
+    shifted[3] += 12345
+    shifted[4] -= 12345
+    assert shifted.sum() == words.sum() and checksum(shifted) != checksum(words)
     assert checksum(t.to(torch.bfloat16)) != checksum(t)
-    assert checksum(torch.zeros(3, dtype=torch.uint8))[2:] == (0, 0)  # sizes no multiple of 4 work
+    odd = torch.tensor([1, 2, 3], dtype=torch.uint8)  # sizes no multiple of 8: the tail bytes count
+    assert checksum(odd) != checksum(torch.tensor([1, 2, 4], dtype=torch.uint8))
+    assert checksum(torch.arange(10.0)[1:]) == checksum(torch.arange(10.0)[1:].clone())  # an offset view
 
 
 def test_tracker_sends_changed_layers_and_everything_after_another_client_synced():
