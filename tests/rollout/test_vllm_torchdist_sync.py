@@ -28,7 +28,7 @@ def _options(**kw):
     from credo.rollout.vllm_transport import VLLMOptions
 
     # small buckets: a sync of the demo model (2 MB) spans several
-    return VLLMOptions(dtype="float32", weight_sync="torchdist", weight_sync_bucket_mb=1, **kw)
+    return VLLMOptions(**({"dtype": "float32", "weight_sync": "torchdist", "weight_sync_bucket_mb": 1} | kw))
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +165,32 @@ def test_a_wrong_rendezvous_fails_in_one_line_and_the_engine_still_syncs(engine,
     engine.transport.weights.init()
     engine.update_weights(model, version=31)
     assert engine.served_version() == "31" and _gap(engine, model, tok) < 1e-5
+
+
+def test_auto_falls_back_to_safetensors_on_a_server_started_with_credo_safetensors(policy, tmp_path, caplog):
+    """A server given by URL that was started with the old backend rejects torchdist's init at once: auto syncs
+    through the requests instead (with a warning), and the engine serves the trainer's weights."""
+    from credo.rollout.vllm_engine import VLLMRolloutEngine
+    from credo.rollout.vllm_sync import SafetensorsSync
+
+    _need_vllm()
+    model, tok = policy
+    owner = VLLMRolloutEngine.from_model(model, tok, seed=0, log_dir=tmp_path,
+                                         options=_options(mode="server", weight_sync="safetensors"))
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        t0 = time.monotonic()
+        guest = VLLMRolloutEngine(None, tok, seed=0, options=_options(mode="server", url=owner.transport.url,
+                                                                      weight_sync="auto"))
+        assert time.monotonic() - t0 < 30  # the rejection is immediate: no rendezvous timeout waited out
+        try:
+            assert isinstance(guest.transport.sender, SafetensorsSync)
+            assert "torchdist could not start" in caplog.text
+            _perturb(model, 41)
+            guest.update_weights(model, version=41)
+            assert guest.served_version() == "41" and _gap(guest, model, tok) < 1e-5
+        finally:
+            guest.close()
+    finally:
+        model.load_state_dict(original)
+        owner.close()
