@@ -22,7 +22,8 @@ import logging
 import re
 import socket
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
@@ -192,13 +193,26 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def open_group(host: str, port: int, *, rank: int, world_size: int, timeout_s: float, store: Any = None,
-               name: str = GROUP) -> Any:
+               name: str = GROUP, cancelled: threading.Event | None = None) -> Any:
     """A gloo process group of ``world_size`` ranks through the ``TCPStore`` at ``host:port`` (rank 0 hosts it
     unless ``store`` is given), apart from torch.distributed's default group: the group and each collective fail
-    after ``timeout_s`` instead of waiting for a peer forever."""
+    after ``timeout_s`` instead of waiting for a peer forever. Rank 0 first waits in Python for every other rank
+    to announce itself in the store (so ``cancelled``, when set, ends its wait at once: no thread is left inside
+    gloo's rendezvous), then all build the group."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
+    if rank == 0:
+        keys = [f"{name}/arrived/{r}" for r in range(1, world_size)]
+        deadline = time.monotonic() + timeout_s
+        while not store.check(keys):
+            if cancelled is not None and cancelled.is_set():
+                raise RuntimeError("the rendezvous was called off")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world_size - 1} peer(s) did not arrive within {timeout_s:g} s")
+            time.sleep(0.02)
+    else:
+        store.set(f"{name}/arrived/{rank}", "1")
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
@@ -218,6 +232,21 @@ def first_line(exc: BaseException) -> str:
 
 
 # ============================================================================ the trainer's sender
+
+
+def in_thread(fn: Any, *args: Any) -> Future:
+    """``fn(*args)`` on a daemon thread: a call stuck in a collective that failed on this side never holds up the
+    interpreter's exit (a ThreadPoolExecutor's threads are joined then)."""
+    done: Future = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="credo-weight-request", daemon=True).start()
+    return done
 
 
 class WeightSyncClient(Protocol):
@@ -284,21 +313,23 @@ class TorchDistWeightSync:
         info = {"master_address": host, "master_port": dial, "world_size": world, "rank_offset": 1,
                 "timeout_s": self.timeout_s}
         made: dict[str, Any] = {}
+        cancel = threading.Event()
 
         def join() -> None:
             try:
                 made["group"] = open_group(self.host, port, rank=0, world_size=world, timeout_s=self.timeout_s,
-                                           store=self.store)
+                                           store=self.store, cancelled=cancel)
             except Exception as exc:  # noqa: BLE001 - reported by init
                 made["error"] = exc
 
-        # a daemon thread: when the workers never come, it ends at the timeout without holding up the exit
         joiner = threading.Thread(target=join, name="credo-weight-group", daemon=True)
         joiner.start()
         where = f"the process group at {host}:{dial}"
         try:
             self.client.init_weight_transfer_engine(info)
         except Exception as exc:  # noqa: BLE001 - one line: the workers' own error
+            cancel.set()
+            joiner.join(5.0)
             self.close()
             raise RuntimeError(f"torchdist weight sync: vLLM's worker(s) did not join {where} within "
                                f"{self.timeout_s:g} s ({first_line(exc)})") from None
@@ -311,8 +342,6 @@ class TorchDistWeightSync:
 
     def sync(self, state: dict[str, torch.Tensor], *, version: int | str) -> SyncStats:
         """Send ``state`` (Hugging Face names) and have the engine serve it as ``version`` once this returns."""
-        import time
-
         if self.group is None:
             raise RuntimeError("torchdist weight sync: init() first")
         t0 = time.perf_counter()
@@ -339,9 +368,8 @@ class TorchDistWeightSync:
     def _send(self, buckets: list[dict], host: dict[str, torch.Tensor]) -> None:
         """``update_weights`` (the workers receive) on a thread while this one packs and broadcasts each bucket
         (packing bucket k+1 while bucket k is on the wire)."""
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="credo-weight-update")
+        request = in_thread(self.client.update_weights, {"buckets": buckets})
         try:
-            request = pool.submit(self.client.update_weights, {"buckets": buckets})
             self._fail_early(request)
             need = max(b["nbytes"] for b in buckets)
             if len(self._buffers) != 2 or self._buffers[0].numel() < need:
@@ -357,8 +385,6 @@ class TorchDistWeightSync:
         except BaseException:
             self.tracker.forget()
             raise
-        finally:
-            pool.shutdown(wait=False)  # never join a request stuck in a collective: the error says why
 
     def _fail_early(self, request: Future) -> None:
         if request.done() and request.exception() is not None:
