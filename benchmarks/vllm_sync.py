@@ -10,7 +10,7 @@ run (docs/distributed.md, "Weight sync"). Run in the vLLM venv.
 - ``torchdist-nosum``: every tensor, no checksums (what the change tracker costs when everything changed).
 
     python benchmarks/vllm_sync.py                  # both models, both modes, 5 rounds each
-    python benchmarks/vllm_sync.py --models smollm2 --modes inprocess server --reps 5 --bucket-mb 256
+    python benchmarks/vllm_sync.py --models smollm2 --modes inprocess server --reps 5 --bucket-mb 32
 """
 from __future__ import annotations
 
@@ -133,8 +133,12 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["demo", "smollm2"], choices=("demo", "smollm2"))
     ap.add_argument("--modes", nargs="+", default=["inprocess", "server"], choices=("inprocess", "server"))
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--bucket-mb", type=int, default=256)
+    ap.add_argument("--bucket-mb", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of this (the trainer's) process: on a 2-core machine 2 threads contend with "
+                         "vLLM's own processes, and a server's made the trainer's checksums 15x slower")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     medians: dict[tuple[str, str], dict[str, float]] = {}
     for name in args.models:
         model, tok, what = build(name)
@@ -161,5 +165,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(2)
     main()

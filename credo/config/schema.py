@@ -143,13 +143,13 @@ class VLLMConfig:
                            "here); auto = torchdist, or safetensors when the engine rejects it (a server given by url "
                            "started with the credo_safetensors backend)",
                            choices=("auto", "safetensors", "torchdist", "nccl", "ipc"))
-    weight_sync_bucket_mb: int = opt(256, "weight_sync=torchdist / nccl / ipc: tensors per broadcast bucket, in MiB",
+    weight_sync_bucket_mb: int = opt(32, "weight_sync=torchdist / nccl / ipc: tensors per broadcast bucket, in MiB",
                                      min=1)
     weight_sync_timeout_s: float = opt(60.0, "weight_sync=torchdist: how long the rendezvous and each bucket may take "
                                        "before the sync fails", min=1.0)
     weight_sync_only_changed: bool = opt(True, "weight_sync=torchdist: send only the decoder layers whose tensors "
-                                         "changed since the last sync (a checksum per tensor, ~0.6 s per GB on a "
-                                         "CPU; pure cost when every layer changes)")
+                                         "changed since the last sync (a checksum per tensor, ~0.1 s per GB on a "
+                                         "CPU thread; pure cost when every layer changes)")
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Weight sync into vLLM over a torch.distributed process group (the ``credo_torchdist`` backend; docs/distributed.md,
-"Weight sync"): the trainer and vLLM's workers join one gloo group through a TCP rendezvous (a ``TCPStore`` the
+"Weight sync into vLLM"): the trainer and vLLM's workers join one gloo group through a TCP rendezvous (a ``TCPStore`` the
 trainer hosts, never the default process group), the update request carries only metadata (names, dtypes, shapes
 per bucket) and the tensors go by broadcast from the trainer (rank 0), packed into one flat byte buffer per
 fixed-size bucket. The worker side is :mod:`credo.rollout.vllm_torchdist_receiver`.
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-BUCKET_BYTES = 256 << 20
+BUCKET_BYTES = 32 << 20
 TIMEOUT_S = 60.0
 ALIGN = 64  # each tensor starts at a multiple of this many bytes in its bucket (any dtype's view is aligned)
 GROUP = "credo_weight_sync"
@@ -133,10 +133,10 @@ ROW_WORDS = 1021  # a prime: the row-weighted sum sees a word that moved to anot
 
 def checksum(t: torch.Tensor) -> tuple:
     """``(dtype, shape, sum, row-weighted sum, xor, tail)`` of the tensor's bytes read as int64 words (sums wrap;
-    the bytes past the last whole word as they are), on the tensor's device: about 0.4 s per GB on this machine's
-    CPU, where a sync moves ~0.3 GB/s (docs/distributed.md, "Weight sync"). Equal content gives equal sums; an
-    update that leaves all three equal must permute words within one row of :data:`ROW_WORDS` or add and
-    subtract matching amounts at once while keeping their xor."""
+    the bytes past the last whole word as they are), on the tensor's device: about 0.1 s per GB on one thread of
+    this machine's CPU, where a whole sync moves ~0.65 GB/s (docs/distributed.md, "Weight sync into vLLM"). Equal
+    content gives equal sums; an update that leaves all three equal must permute words within one row of
+    :data:`ROW_WORDS` or add and subtract matching amounts at once while keeping their xor."""
     flat = t.detach().contiguous().reshape(-1)
     raw = flat.view(torch.uint8)
     whole = raw.numel() - raw.numel() % 8

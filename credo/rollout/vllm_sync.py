@@ -1,5 +1,5 @@
 """The trainer side of credo's weight sync into vLLM (the inference side: :mod:`credo.rollout.vllm_receiver`;
-docs/distributed.md, "Weight sync", for the choice between the backends: ``rollout.vllm.weight_sync``).
+docs/distributed.md, "Weight sync into vLLM", for the choice between the backends: ``rollout.vllm.weight_sync``).
 
 :func:`make_weight_sync` builds the sender for a ``rollout.vllm.weight_sync`` choice over a client (vLLM's
 ``VLLMWeightSyncClient`` methods: :class:`LLMClient` in process, :class:`HTTPWeightSync` over HTTP):
@@ -223,10 +223,10 @@ class VLLMEngineSync:
     """vLLM's own trainer-side engines, ``nccl`` (a NCCL group between this process's GPU and the workers',
     packed buckets of ``bucket_bytes``) or ``ipc`` (CUDA IPC handles to a colocated engine on the same GPU),
     through ``WeightTransferTrainerFactory``. NEVER RUN: written to vLLM's documented API, but no GPU was lent
-    while it was built (docs/distributed.md, "Weight sync"); the engine must be started with the same backend."""
+    while it was built (docs/distributed.md, "Weight sync into vLLM"); the engine must be started with the same backend."""
 
     def __init__(self, kind: str, client: Any, *, workers: int = 1, host: str = "127.0.0.1",
-                 bucket_bytes: int = 256 << 20) -> None:
+                 bucket_bytes: int = 32 << 20) -> None:
         if kind not in ("nccl", "ipc"):
             raise ValueError(f"VLLMEngineSync: kind must be nccl or ipc, got {kind!r}")
         if not torch.cuda.is_available():
@@ -277,7 +277,7 @@ def workers_of(args: dict) -> int:
     return n
 
 
-def make_weight_sync(kind: str, client: Any, *, workers: int = 1, bucket_bytes: int = 256 << 20,
+def make_weight_sync(kind: str, client: Any, *, workers: int = 1, bucket_bytes: int = 32 << 20,
                      timeout_s: float = 60.0, host: str = "127.0.0.1", only_changed: bool = True) -> Any:
     """The sender for ``rollout.vllm.weight_sync`` ``kind`` over ``client``, initialized (its ``init`` ran: the
     engine's workers joined where the kind has a group): an object with ``sync(state, version=)`` and

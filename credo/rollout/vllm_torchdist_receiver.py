@@ -1,5 +1,5 @@
 """The inference side of the ``credo_torchdist`` weight-transfer backend (the trainer side:
-:class:`credo.rollout.torchdist_sync.TorchDistWeightSync`; docs/distributed.md, "Weight sync").
+:class:`credo.rollout.torchdist_sync.TorchDistWeightSync`; docs/distributed.md, "Weight sync into vLLM").
 
 Imported only inside vLLM's worker processes (registered by :func:`credo.rollout.vllm_sync.register`). On
 ``init_weight_transfer_engine`` each worker joins the trainer's gloo group (rank ``rank_offset`` + its global

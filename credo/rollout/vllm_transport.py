@@ -59,7 +59,7 @@ class VLLMOptions:
     server_concurrency: int = 64
     args: dict = field(default_factory=dict)  # extra vllm.LLM keyword arguments / server flags
     weight_sync: str = "auto"  # auto | safetensors | torchdist | nccl | ipc (credo.rollout.vllm_sync)
-    weight_sync_bucket_mb: int = 256
+    weight_sync_bucket_mb: int = 32
     weight_sync_timeout_s: float = 60.0
     weight_sync_only_changed: bool = True
 
