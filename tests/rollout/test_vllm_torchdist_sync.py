@@ -194,3 +194,22 @@ def test_auto_falls_back_to_safetensors_on_a_server_started_with_credo_safetenso
     finally:
         model.load_state_dict(original)
         owner.close()
+
+
+def test_the_state_source_for_vllms_own_engines_agrees_with_itself(policy):
+    """vLLM's nccl / ipc trainer engines (weight_sync=nccl|ipc, CUDA only, never run here) read a WeightSource:
+    its metadata() must enumerate what its iteration yields, in order (vLLM checks it while sending), and its
+    groups() must cover every name once."""
+    _need_vllm()
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    from credo.rollout.vllm_sync import _StateSource
+
+    model, _ = policy
+    source = _StateSource()
+    source.state = model.state_dict()
+    meta = source.metadata()
+    pairs = list(source)
+    assert [(m.name, m.dtype, m.shape) for m in meta] == [(n, t.dtype, tuple(t.shape)) for n, t in pairs]
+    assert sorted(n for g in source.groups() for n in g) == sorted(source.state)
+    assert [n for names, _ in WeightSource.iter_groups(source) for n in names] == [n for n, _ in pairs]
