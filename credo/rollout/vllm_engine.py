@@ -16,8 +16,10 @@ or against an OpenAI-compatible vLLM server (``rollout.vllm.mode``: :mod:`credo.
 - Stops: EOS and ``stop_ids`` end a row and stay its last token (as in the HF engine). ``stop_sequences`` go to
   vLLM as stop strings (decoded with credo's tokenizer) and are also matched on the token ids, so a row ends
   right after the first occurrence either way.
-- Weights: :meth:`update_weights` is vLLM's own RL weight-transfer protocol with credo's ``credo_safetensors``
-  backend (:mod:`credo.rollout.vllm_sync`), versioned (vLLM's ``weight_version``), then the prefix cache is reset.
+- Weights: :meth:`update_weights` is vLLM's own RL weight-transfer protocol with credo's ``credo_torchdist``
+  backend (a gloo group with vLLM's workers, tensors broadcast in buckets, only changed layers) or
+  ``credo_safetensors`` (``rollout.vllm.weight_sync``; :mod:`credo.rollout.vllm_sync`, docs/distributed.md),
+  versioned (vLLM's ``weight_version``), then the prefix cache is reset.
 - Prefix caching (``rollout.vllm.prefix_caching``, on by default): a prompt that starts with full KV blocks vLLM
   already computed (an agent turn re-sends its history) reads them instead of prefilling; each row's count comes
   back as ``Continuation.cached_tokens`` (server mode: ``usage.prompt_tokens_details.cached_tokens``).
