@@ -114,7 +114,8 @@ class VLLMConfig:
                     "server (given by url, or started by credo on 127.0.0.1)", choices=("inprocess", "server"))
     url: str | None = opt(None, "mode=server: base URL of a running vLLM server (started with VLLM_SERVER_DEV_MODE=1, "
                           "--logprobs-mode processed_logprobs, --weight-transfer-config "
-                          "'{\"backend\": \"credo_safetensors\"}'; docs/vllm.md); null = credo starts one")
+                          "'{\"backend\": \"credo_torchdist\"}' or credo_safetensors; docs/vllm.md); null = credo "
+                          "starts one")
     dtype: str = opt("auto", "vLLM's dtype (auto = the trainer's, model.dtype; vLLM's own auto would run a float32 "
                      "checkpoint in bfloat16)",
                      choices=("auto", "bfloat16", "float16", "float32"))

@@ -321,7 +321,8 @@ class ServerVLLM:
     """A vLLM server at ``url``, or one started here (then stopped by :meth:`close`, at interpreter exit, or
     when this object is collected; if this process is killed outright, by a :func:`credo.procs.reap_when_gone`
     watcher). A server given by URL must run with ``VLLM_SERVER_DEV_MODE=1``,
-    ``--logprobs-mode processed_logprobs`` and ``--weight-transfer-config '{"backend": "credo_safetensors"}'``
+    ``--logprobs-mode processed_logprobs`` and ``--weight-transfer-config '{"backend": "credo_torchdist"}'`` (or
+    ``credo_safetensors``, which ``weight_sync=auto`` falls back to)
     in an environment where credo is installed (docs/vllm.md); with ``--enable-prompt-tokens-details`` its replies
     also count each row's prefix-cache hits (:func:`cached_tokens`; None without it). Every request must complete,
     connect to the reply's last byte, within ``request_timeout_s`` and reply at most
