@@ -434,7 +434,8 @@ class DistributedConfig:
                        choices=("shard", "replicate"))
     strategy: str = opt("ddp", "data-parallel training of the policy: ddp = every rank holds the whole model and "
                         "the gradients are summed; fsdp2 = parameters, gradients and optimizer state sharded over the "
-                        "ranks (torch FSDP2; no shared-prompt forward, no resume yet)", choices=("ddp", "fsdp2"))
+                        "ranks (torch FSDP2; no shared-prompt forward; checkpoints hold the shards via torch.distributed.checkpoint "
+                        "and resume on the same or another number of ranks, docs/distributed.md)", choices=("ddp", "fsdp2"))
     world_size: int = opt(1, "ray mode: data-parallel trainer ranks (Ray actors joined by torch.distributed)", min=1)
     rollout_workers: int = opt(1, "ray mode: rollout engine actors, each with a policy copy synced after every "
                                "update", min=1)
