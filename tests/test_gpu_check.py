@@ -15,8 +15,9 @@ gc = importlib.util.module_from_spec(_spec)
 sys.modules["gpu_check"] = gc  # its dataclasses look their module up
 _spec.loader.exec_module(gc)  # tools/ is a folder of scripts, not a package
 
-STEPS = ["pytest_gpu", "rl_hf_cuda", "rl_vllm_colocated_sleep", "rl_vllm_server", "fsdp2_all_gpus",
-         "activation_checkpointing", "mixed_precision_bf16", "weight_sync_nccl", "weight_sync_bench", "pytest_vllm"]
+STEPS = ["pytest_gpu", "rl_hf_cuda", "rl_vllm_colocated_sleep", "rl_vllm_server", "fsdp2_all_gpus", "fsdp2_resume",
+         "activation_checkpointing", "mixed_precision_bf16", "optimizer_offload", "weight_sync_ipc", "lora_vllm",
+         "weight_sync_bench", "pytest_vllm"]
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -41,9 +42,15 @@ def test_dry_run_lists_every_step_with_its_command(tmp_path: Path):
     assert "rollout.vllm.sleep=true" in by["rl_vllm_colocated_sleep"]["command"]
     assert "rollout.vllm.mode=server" in by["rl_vllm_server"]["command"]
     assert "torchrun" in by["fsdp2_all_gpus"]["command"] and "distributed.strategy=fsdp2" in by["fsdp2_all_gpus"]["command"]
+    resume = by["fsdp2_resume"]["command"]  # preempted after its step-2 checkpoint, then resumed from it
+    assert "kill -TERM" in resume and "step_000002/COMPLETE" in resume and "train --resume" in resume, resume
+    assert "checkpoint.every=1" in resume and "checkpoint.every=0" not in resume, resume
+    assert "rollout.vllm.weight_sync=ipc" in by["weight_sync_ipc"]["command"]
+    assert "model.lora.r=8" in by["lora_vllm"]["command"] and "rollout.engine=vllm" in by["lora_vllm"]["command"]
     # every train step whose feature is in the tree has overrides the config accepts (a renamed key fails here)
     checked = [s for s in report["steps"] if "config_error" in s]
-    assert {"rl_hf_cuda", "rl_vllm_server", "fsdp2_all_gpus"} <= {s["name"] for s in checked}
+    assert {"rl_hf_cuda", "rl_vllm_server", "fsdp2_all_gpus", "fsdp2_resume", "optimizer_offload",
+            "weight_sync_ipc", "lora_vllm"} <= {s["name"] for s in checked}
     assert all(s["config_error"] is None for s in checked), checked
     assert set(report["facts"]) >= {"cuda_available", "gpus", "nvidia_smi", "torch", "vllm"}
     assert sum(report["steps"][i]["timeout_s"] for i in range(len(STEPS))) > report["budget_s"] >= 60
@@ -82,8 +89,19 @@ def test_run_parser_takes_medians_past_the_first_step(tmp_path: Path):
     assert figs["first_step_s"] == 9.0 and figs["steps_logged"] == 4 and figs["peak_allocated_gib"] == 3.5
     assert gc.parse_pytest("3 passed, 2 skipped, 1 deselected in 4.2s") == {"passed": 3, "skipped": 2,
                                                                            "deselected": 1}
-    line = "smollm2 (RANDOM weights, 513 MiB float32) server: start-up 9.1 s; sync median 11.200 s (min 1, max 2, 3 syncs)"
-    assert gc.parse_bench(line) == {"smollm2 server sync median s": 11.2}
+    # benchmarks/vllm_sync.py's output as it prints it (format strings in its main())
+    text = ("smollm2 wire only (pack + gloo broadcast to another process, loopback, 32 MiB buckets): median 0.370 s, "
+            "1.77 GB/s (min 0.350, max 0.400)\n"
+            "smollm2 (RANDOM weights, 621 MiB float32) inprocess: start-up 31.2 s; median of 5 interleaved rounds:\n"
+            "  safetensors       3.390 s (min 3.100, max 3.900)   0.19 GB/s of the state  x1.00 vs safetensors\n"
+            "  torchdist-1layer  0.106 s (min 0.100, max 0.130)   6.14 GB/s of the state  x31.98 vs safetensors\n"
+            "smollm2 (RANDOM weights, 621 MiB float32) server: start-up 40.0 s; median of 5 interleaved rounds:\n"
+            "  torchdist         1.070 s (min 1.000, max 1.200)   0.61 GB/s of the state  x12.62 vs safetensors\n"
+            "smollm2 torchdist: server / in process = 1.08\n")
+    assert gc.parse_bench(text) == {"smollm2 wire only median s": 0.37, "smollm2 inprocess start-up s": 31.2,
+                                    "smollm2 inprocess safetensors sync median s": 3.39,
+                                    "smollm2 inprocess torchdist-1layer sync median s": 0.106,
+                                    "smollm2 server start-up s": 40.0, "smollm2 server torchdist sync median s": 1.07}
 
 
 def test_feature_steps_are_compared_with_the_plain_run():

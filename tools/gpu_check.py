@@ -47,8 +47,11 @@ RL_RUN = ["train.steps=4", "train.prompts_per_step=8", "rollout.group_size=8", "
 FEATURE_KEYS = {
     "activation_checkpointing": [["train.activation_checkpointing=true"]],
     "mixed_precision_bf16": [["train.mixed_precision=bf16"]],
-    "weight_sync_nccl": [["rollout.vllm.weight_sync=nccl"], ["rollout.vllm.sync=nccl"],
-                         ["rollout.weight_sync=nccl"], ["rollout.vllm.transport=nccl"]],
+    # vLLM colocated in process on the trainer's GPU: vLLM's CUDA IPC engine (NCCL refuses two ranks on one GPU,
+    # so vLLM's nccl engine needs the engine on a GPU of its own, which this one-GPU check does not set up)
+    "weight_sync_ipc": [["rollout.vllm.weight_sync=ipc"]],
+    "optimizer_offload": [["train.optimizer_offload=true"]],
+    "lora_vllm": [["model.lora.r=8"]],
 }
 
 
@@ -61,6 +64,7 @@ class Step:
     kind: str = "run"  # pytest, train, bench
     run_dir: str | None = None
     env: dict = field(default_factory=dict)
+    overrides: list[str] | None = None  # a train step's config overrides, where its command is a script
 
 
 def _train(out_dir: Path, name: str, *overrides: str, launcher: list[str] | None = None) -> tuple[list[str], str]:
@@ -91,8 +95,10 @@ def steps(out_dir: Path, n_gpus: int) -> list[Step]:
                      "distributed.comm=nccl",
                      launcher=["torchrun", "--standalone", f"--nproc-per-node={max(n_gpus, 1)}", "--no-python"])
     out.append(Step("fsdp2_all_gpus", cmd, 120, ["cuda"], "train", rd))
-    for feat, extra in [("activation_checkpointing", []), ("mixed_precision_bf16", []),
-                        ("weight_sync_nccl", vllm + ["rollout.vllm.mode=inprocess"])]:
+    out.append(fsdp2_resume_step(out_dir, n_gpus, cuda))
+    for feat, extra in [("activation_checkpointing", []), ("mixed_precision_bf16", []), ("optimizer_offload", []),
+                        ("weight_sync_ipc", vllm + ["rollout.vllm.mode=inprocess"]),
+                        ("lora_vllm", vllm + ["rollout.vllm.mode=inprocess"])]:
         keys = probe_feature(feat)
         cmd, rd = _train(out_dir, feat, *cuda, *extra, *(keys or FEATURE_KEYS[feat][0]))
         out.append(Step(feat, cmd, 90, ["cuda", f"feature:{feat}"] + (["vllm"] if extra else []), "train", rd))
@@ -100,6 +106,25 @@ def steps(out_dir: Path, n_gpus: int) -> list[Step]:
                     ["cuda", "vllm"], "bench"))
     out.append(Step("pytest_vllm", [*pt, "-m", "vllm"], 240, ["cuda", "vllm"], "pytest"))
     return out
+
+
+def fsdp2_resume_step(out_dir: Path, n_gpus: int, cuda: list[str]) -> Step:
+    """FSDP2 on every visible GPU preempted after its step-2 checkpoint (SIGTERM to torchrun, which relays it to
+    the ranks: credo checkpoints and exits 75, docs/security.md "Preemption"), then ``--resume`` to step 6 from the
+    sharded (torch.distributed.checkpoint) state. The same script, with gloo and a tiny model on 2 CPU ranks, was
+    run by hand here: preempted after step 2, resumed, metrics.jsonl steps 1-6 once each."""
+    launcher = ["torchrun", "--standalone", f"--nproc-per-node={max(n_gpus, 1)}", "--no-python"]
+    first, rd = _train(out_dir, "fsdp2_resume", *cuda, "distributed.backend=torchrun", "distributed.strategy=fsdp2",
+                       "distributed.comm=nccl", "checkpoint.every=1", "train.steps=6", launcher=launcher)
+    first = [a for a in first if a not in ("checkpoint.every=0", "train.steps=4")]  # RL_RUN's, overridden here
+    resume = [*launcher, "bash", "-c", 'CUDA_VISIBLE_DEVICES=$LOCAL_RANK exec credo "$@"', "credo-rank", "train",
+              "--resume", rd]
+    script = (f"{shlex.join(first)} & pid=$!; "
+              f"for i in $(seq 1200); do [ -e {shlex.quote(rd)}/checkpoints/step_000002/COMPLETE ] && break; "
+              "kill -0 $pid 2>/dev/null || break; sleep 0.25; done; "
+              'kill -TERM $pid 2>/dev/null; wait $pid; echo "gpu_check: first run: torchrun exit code $? (its ranks checkpoint and exit 75; torchrun itself exits 1)"; '
+              f"exec {shlex.join(resume)}")
+    return Step("fsdp2_resume", ["bash", "-c", script], 180, ["cuda"], "train", rd, overrides=overrides_of_cmd(first))
 
 
 _probed: dict[str, list[str] | None] = {}
@@ -167,7 +192,10 @@ def skip_reason(step: Step, env: dict) -> str | None:
 
 def overrides_of(step: Step) -> list[str]:
     """A credo train step's config overrides (what follows its --run-dir)."""
-    cmd = step.command
+    return step.overrides if step.overrides is not None else overrides_of_cmd(step.command)
+
+
+def overrides_of_cmd(cmd: list[str]) -> list[str]:
     return cmd[cmd.index("--run-dir") + 2:] if "--run-dir" in cmd else []
 
 
@@ -202,8 +230,21 @@ def parse_run(run_dir: str) -> dict:
 
 
 def parse_bench(text: str) -> dict:
-    return {f"{m[0]} {m[1]} sync median s": float(m[2])
-            for m in re.findall(r"^(\w+) \(.*?\) (\w+): start-up .*? sync median ([\d.]+) s", text, re.M)}
+    """benchmarks/vllm_sync.py's medians: ``MODEL wire only (...): median S s`` and, under each
+    ``MODEL (...) MODE: start-up ...`` header, one ``  KIND S s ...`` line per backend."""
+    out: dict = {}
+    where = None
+    for line in text.splitlines():
+        if m := re.match(r"^(\w+) wire only .*?: median ([\d.]+) s", line):
+            out[f"{m[1]} wire only median s"] = float(m[2])
+        elif m := re.match(r"^(\w+) \(.*\) (\w+): start-up ([\d.]+) s", line):
+            where = f"{m[1]} {m[2]}"
+            out[f"{where} start-up s"] = float(m[3])
+        elif where and (m := re.match(r"^  (\S+)\s+([\d.]+) s \(min", line)):
+            out[f"{where} {m[1]} sync median s"] = float(m[2])
+        elif not line.startswith("  "):
+            where = None
+    return out
 
 
 def run_step(step: Step, budget_end: float, logs: Path) -> dict:
