@@ -298,7 +298,9 @@ def make_weight_sync(kind: str, client: Any, *, workers: int = 1, bucket_bytes: 
     except RuntimeError as exc:
         if kind != "auto":
             raise
-        log.warning("rollout.vllm.weight_sync=auto: torchdist could not start (%s); syncing as safetensors", exc)
+        # the message, not the exception: a kept log record must not hold its traceback's frames (and through
+        # them the engine being built, whose finalizer removes its temporary model folder)
+        log.warning("rollout.vllm.weight_sync=auto: torchdist could not start (%s); syncing as safetensors", str(exc))
         sender = SafetensorsSync(client)
         sender.init()
     return sender

@@ -199,8 +199,10 @@ def test_torchrun_sharded_rollouts_give_every_rank_the_whole_batch(tmp_path):
         assert a["actor/grad_norm"] == b["actor/grad_norm"]
 
 
-def test_resuming_an_fsdp2_run_is_refused(tmp_path):
-    """Not implemented (each rank's optimizer state is sharded): a clear error, not a silently wrong resume."""
+def test_resuming_a_whole_model_checkpoint_as_fsdp2_is_refused(tmp_path):
+    """A checkpoint without sharded state (written by one process or DDP) resumed with distributed.strategy=fsdp2:
+    one clear error naming the strategy, not a silently wrong resume (FSDP2 runs resume from their own sharded
+    checkpoints: tests/distributed/test_fsdp_resume.py)."""
     from credo.cli.main import main
     from credo.config import load_config
     from credo.recipes import rlvr
@@ -209,5 +211,6 @@ def test_resuming_an_fsdp2_run_is_refused(tmp_path):
     run = [*TINY_RUN, "train.steps=1", "eval.every=0", "log.report=false", "log.tensorboard=false"]
     assert main(["-q", "train", "--run-dir", str(tmp_path), *run]) == 0
     cfg = load_config(None, [*run, "distributed.backend=torchrun", "distributed.strategy=fsdp2"])
-    with pytest.raises(NotImplementedError, match="resuming a distributed.strategy=fsdp2 run"):
+    with pytest.raises(ValueError, match=r"is a whole-model checkpoint; resume it with the distributed.strategy "
+                                         r"that wrote it \(now fsdp2\)"):
         rlvr._train(cfg, tmp_path, True, LOCAL)
