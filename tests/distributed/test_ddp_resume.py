@@ -4,9 +4,8 @@ run's metrics on both ranks and ends with its final weights; every rank restores
 checkpoint ``model/`` holds only the tokenizer) and its own optimizer, RNG and sampler state. A resume on another
 number of ranks is refused in one line (docs/distributed.md, "Resuming a torchrun run").
 
-Run as a script (``torchrun ... python THIS_FILE train ARGS``) it is ``credo train`` with RL step
-``CREDO_TEST_STOP_AT`` interrupted by a KeyboardInterrupt on every rank, as tests/conftest.py's
-``full_and_resumed_runs`` does in one process."""
+The "kill" is tests/distributed/stop_at_step.py: ``credo train`` with RL step ``CREDO_TEST_STOP_AT`` interrupted by
+a KeyboardInterrupt on every rank (as tests/conftest.py's ``full_and_resumed_runs`` does in one process)."""
 from __future__ import annotations
 
 import json
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
+STOP_AT_STEP = Path(__file__).with_name("stop_at_step.py")  # credo train, interrupted at a step
 TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "rollout.max_new_tokens=8", "warm_start.steps=3",
               "warm_start.batch_size=8", "reward.workers=1"]
 VOLATILE = ("timing_s/", "perf/", "time", "wall")
@@ -48,7 +48,7 @@ def test_ddp_run_killed_and_resumed_matches_the_uninterrupted_run(tmp_path):
     two = [torchrun, "--standalone", "--nproc-per-node", "2"]  # a free port: other tests run torchrun at once
     full = _run([*two, "--no-python", credo, "train", *common, "run_name=full"], env)
     assert full.returncode == 0, full.stderr[-3000:]
-    cut = _run([*two, "--no-python", sys.executable, __file__, "train", *common, "run_name=cut"], {**env, "CREDO_TEST_STOP_AT": "2"})
+    cut = _run([*two, "--no-python", sys.executable, str(STOP_AT_STEP), "train", *common, "run_name=cut"], {**env, "CREDO_TEST_STOP_AT": "2"})
     assert cut.returncode != 0, cut.stderr[-3000:]
     assert "KeyboardInterrupt" in cut.stderr or "interrupted" in cut.stderr, cut.stderr[-3000:]
     ckpts = tmp_path / "cut" / "rank1" / "checkpoints" / "step_000002"
@@ -143,18 +143,3 @@ def test_ranks_agree_on_the_oldest_newest_checkpoint_and_load_rank_0s_weights(tm
     assert agree_on_checkpoint(LOCAL, ahead / "rank1", None) == (None, None)
     with pytest.raises(ValueError, match="written by a run on 2 ranks; resuming it on 1 is not supported"):
         agree_on_checkpoint(LOCAL, ahead, ckpt)
-
-
-if __name__ == "__main__":  # torchrun ... python THIS_FILE train ARGS: credo train, interrupted at a step
-    import credo.recipes.rlvr as rlvr
-    from credo.cli.main import main
-
-    stop_at, real = int(os.environ["CREDO_TEST_STOP_AT"]), rlvr.rl_step
-
-    def interrupted(cfg, parts, state, *, step):
-        if step == stop_at:
-            raise KeyboardInterrupt
-        return real(cfg, parts, state, step=step)
-
-    rlvr.rl_step = interrupted
-    sys.exit(main(["-q", *sys.argv[1:]]))

@@ -6,8 +6,8 @@ and rewards, float rounding of the 3-way reduction aside); the DCP round trip 2 
 weights and AdamW moments exactly; DCP's pickled metadata is read with an allow-list (docs/distributed.md,
 "Resuming an FSDP2 run").
 
-Run as a script (``torchrun ... python THIS_FILE train ARGS``) it is ``credo train`` with RL step
-``CREDO_TEST_STOP_AT`` interrupted by a KeyboardInterrupt on every rank (as tests/distributed/test_ddp_resume.py)."""
+The "kill" is tests/distributed/stop_at_step.py: ``credo train`` with RL step ``CREDO_TEST_STOP_AT`` interrupted by
+a KeyboardInterrupt on every rank (as tests/conftest.py's ``full_and_resumed_runs`` does in one process)."""
 from __future__ import annotations
 
 import json
@@ -23,6 +23,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
+STOP_AT_STEP = Path(__file__).with_name("stop_at_step.py")  # credo train, interrupted at a step
 TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "rollout.max_new_tokens=8", "warm_start.steps=3",
               "warm_start.batch_size=8", "reward.workers=1"]
 VOLATILE = ("timing_s/", "perf/", "time", "wall")
@@ -59,7 +60,7 @@ def _full_and_cut(tmp_path: Path, extra: tuple[str, ...] = ()) -> tuple[list[str
     two = [torchrun, "--standalone", "--nproc-per-node", "2"]  # a free port: other tests run torchrun at once
     full = _run([*two, "--no-python", credo, "train", *common, "run_name=full"], env)
     assert full.returncode == 0, full.stderr[-3000:]
-    cut = _run([*two, "--no-python", sys.executable, __file__, "train", *common, "run_name=cut"],
+    cut = _run([*two, "--no-python", sys.executable, str(STOP_AT_STEP), "train", *common, "run_name=cut"],
                {**env, "CREDO_TEST_STOP_AT": "2"})
     assert cut.returncode != 0 and ("KeyboardInterrupt" in cut.stderr or "interrupted" in cut.stderr), \
         cut.stderr[-3000:]
@@ -384,18 +385,3 @@ def test_a_resharded_resume_gives_sharded_rollouts_their_own_streams():
     r1, r2 = after(1, 3, 2), after(2, 3, 2)
     assert not torch.equal(r1, restored) and not torch.equal(r2, restored) and not torch.equal(r1, r2)
     assert torch.equal(r1, after(1, 3, 2))  # deterministic
-
-
-if __name__ == "__main__":  # torchrun ... python THIS_FILE train ARGS: credo train, interrupted at a step
-    import credo.recipes.rlvr as rlvr
-    from credo.cli.main import main
-
-    stop_at, real = int(os.environ["CREDO_TEST_STOP_AT"]), rlvr.rl_step
-
-    def interrupted(cfg, parts, state, *, step):
-        if step == stop_at:
-            raise KeyboardInterrupt
-        return real(cfg, parts, state, step=step)
-
-    rlvr.rl_step = interrupted
-    sys.exit(main(["-q", *sys.argv[1:]]))
