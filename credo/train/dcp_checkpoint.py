@@ -152,13 +152,15 @@ def _drop_frozen(model: torch.nn.Module, model_state: dict[str, Any]) -> None:
 
 def saved_world_size(folder: Path) -> int:
     """The number of ranks that wrote the sharded state in ``folder`` (its ``sharded.json``)."""
+    problem = f"{Path(folder) / INFO} is missing or damaged: not a sharded checkpoint credo wrote"
     try:
         info = json.loads((Path(folder) / INFO).read_text())
-        assert info["format"] == INFO_FORMAT and isinstance(info["world_size"], int) and info["world_size"] > 0
-        return info["world_size"]
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
-        raise ShardedStateError(f"{Path(folder) / INFO} is missing or damaged: not a sharded checkpoint credo "
-                                f"wrote") from exc
+        ok = info["format"] == INFO_FORMAT and type(info["world_size"]) is int and info["world_size"] > 0
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ShardedStateError(problem) from exc
+    if not ok:  # a check, not an assert: python -O would skip one
+        raise ShardedStateError(problem)
+    return info["world_size"]
 
 
 def sharded_writer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, world_size: int,

@@ -329,6 +329,11 @@ def test_dcp_metadata_is_unpickled_with_an_allow_list(tmp_path, monkeypatch):
     folder.mkdir()
     with pytest.raises(ShardedStateError, match="sharded.json is missing or damaged"):
         saved_world_size(folder)
+    for bad in [{"format": "credo-dcp/9", "world_size": 2}, {"format": "credo-dcp/1", "world_size": 0},
+                {"format": "credo-dcp/1", "world_size": True}, {"format": "credo-dcp/1"}, [1, 2]]:
+        (folder / INFO).write_text(json.dumps(bad))  # another format, no or a nonsense number of ranks
+        with pytest.raises(ShardedStateError, match="sharded.json is missing or damaged"):
+            saved_world_size(folder)
     (folder / INFO).write_text(json.dumps({"format": "credo-dcp/1", "world_size": 2}))
     (folder / ".metadata").write_bytes(pickle.dumps(_Evil()))
     with pytest.raises(ShardedStateError, match="posix.system|os.system"):
