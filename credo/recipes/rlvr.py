@@ -49,6 +49,7 @@ from credo.train.checkpoint import load_trainer_state, resume_checkpoint, rng_st
 from credo.train.dcp_checkpoint import DCP_DIR, load_sharded, saved_world_size, sharded_writer
 from credo.train.fsdp import is_sharded
 from credo.train.migrate import FORMAT_VERSION, migrate_trainer_state
+from credo.train.mixed_precision import load_scaler_state, scaler_state
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.plan import StepPlan
 from credo.tracking.timer import Timer
@@ -297,6 +298,9 @@ def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
     optimizer = {"sharded": DCP_DIR} if is_sharded(parts.model) else parts.optimizer.state_dict()
     saved |= {"format_version": FORMAT_VERSION, "run": copy.deepcopy(state.__dict__), "optimizer": optimizer, "scheduler": parts.scheduler.state_dict(), "rng": rng_state(),
               COLLECTOR_KEY: parts.collector.state_dict(), "guards": parts.guards.state_dict()}
+    scaler = scaler_state(parts.optimizer)  # fp16's loss scale: a resume goes on at the same scale
+    if scaler is not None:
+        saved["loss_scaler"] = scaler
     if parts.critic is not None:
         saved["critic_optimizer"] = parts.critic_optimizer.state_dict()
         saved["critic_scheduler"] = parts.critic_scheduler.state_dict()
@@ -312,6 +316,8 @@ def restore(cfg: RunConfig, ckpt: Path, parts: Parts, weights: Path | None = Non
     if sharded is None:  # FSDP2: loaded after sharding (restore_sharded)
         parts.optimizer.load_state_dict(saved["optimizer"])
         parts.scheduler.load_state_dict(saved["scheduler"])
+    if "loss_scaler" in saved and cfg.train.mixed_precision == "fp16":  # absent before fp16 scalers were saved
+        load_scaler_state(parts.optimizer, saved["loss_scaler"], next(parts.model.parameters()).device.type)
     parts.rollout.load_state_dict(saved)
     if sharded is not None:
         _reseed_resharded_engine(cfg, saved_world_size(weights / sharded), saved["run"]["step"], parts)

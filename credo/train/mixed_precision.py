@@ -71,5 +71,25 @@ def loss_scaler(optimizer: torch.optim.Optimizer, mode: str | None,
     if mode != "fp16":
         return None
     if optimizer not in _SCALERS:
-        _SCALERS[optimizer] = torch.amp.GradScaler(device)
+        scaler = torch.amp.GradScaler(device)
+        # materialise its scale now: GradScaler makes it lazily in the first scale(), and an update whose rows were
+        # all skipped (tied groups) runs no backward, so unscale_ would fail on an unset scale (a crash of fp16 runs
+        # whose first step trained nothing)
+        scaler.scale(torch.zeros((), device=device))
+        _SCALERS[optimizer] = scaler
     return _SCALERS[optimizer]
+
+
+def scaler_state(optimizer: torch.optim.Optimizer) -> "dict | None":
+    """The state of ``optimizer``'s fp16 GradScaler (scale, growth tracker, factors) for a checkpoint, or None when it
+    has none (bf16 / none, or fp16 before its first update). Plain numbers: JSON in ``trainer_state.json``."""
+    scaler = _SCALERS.get(optimizer)
+    if scaler is None:
+        return None
+    return {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in scaler.state_dict().items()}
+
+
+def load_scaler_state(optimizer: torch.optim.Optimizer, state: dict, device: str = "cpu") -> None:
+    """Give ``optimizer`` the fp16 GradScaler a checkpoint recorded (:func:`scaler_state`), so a resumed fp16 run
+    goes on at the scale and growth count the uninterrupted run had instead of starting again at 2^16."""
+    loss_scaler(optimizer, "fp16", device).load_state_dict(dict(state))

@@ -57,6 +57,7 @@ def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
     ``scaler``: fp16's GradScaler (credo.train.mixed_precision): gradients unscaled first, its scale updated."""
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
+    scaler = scaler if params else None  # no gradient at all: nothing to unscale, no overflow check to count
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = plain_norm(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0

@@ -226,3 +226,60 @@ def test_a_tiny_credo_train_run_with_mixed_precision(tmp_path, mode):
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     norms = [r["actor/grad_norm"] for r in steps if "actor/grad_norm" in r]
     assert len(norms) == 2 and all(0 < n < float("inf") for n in norms)
+
+
+def test_fp16_loss_scaler_state_round_trip():
+    """scaler_state / load_scaler_state carry the scale and the growth count (plain numbers) to a new optimizer."""
+    from credo.train.mixed_precision import load_scaler_state, loss_scaler, scaler_state
+
+    model, _ = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    assert scaler_state(opt) is None  # no fp16 update yet: nothing to save
+    scaler = loss_scaler(opt, "fp16")
+    assert scaler.get_scale() == 2.0 ** 16 and scaler_state(opt)["_growth_tracker"] == 0
+    scaler.update(1024.0)  # as after overflows halved it
+    scaler._growth_tracker = torch.tensor(7, dtype=torch.int32)
+    saved = json.loads(json.dumps(scaler_state(opt)))  # through trainer_state.json
+    assert saved["scale"] == 1024.0 and saved["_growth_tracker"] == 7
+    other = torch.optim.AdamW(model.parameters())
+    load_scaler_state(other, saved)
+    assert loss_scaler(other, "fp16").get_scale() == 1024.0 and scaler_state(other) == saved
+
+
+def test_fp16_run_resumes_with_its_loss_scale(tmp_path, monkeypatch):
+    """A killed fp16 run resumed from its checkpoint goes on with the loss scaler's state: its growth count (one per
+    optimizer step) at the end equals the uninterrupted run's (a scaler started afresh at resume would count only
+    the steps after it), and the metrics rows are the uninterrupted run's."""
+    from tests.conftest import full_and_resumed_runs
+
+    args = ["train.steps=3", "warm_start.steps=1", "eval.every=0", "log.progress=false", "log.tensorboard=false",
+            "log.report=false", "checkpoint.every=1", "train.threads=1", "train.mixed_precision=fp16"]
+    full, cut = full_and_resumed_runs(tmp_path, monkeypatch, args, stop_at=2)
+
+    def scaler_at_end(run):
+        return json.loads((run / "checkpoints" / "step_000003" / "trainer_state.json").read_text())["state"][
+            "loss_scaler"]
+
+    assert scaler_at_end(full)["_growth_tracker"] > 0
+    assert scaler_at_end(cut) == scaler_at_end(full)
+
+    def rows(run):
+        return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/"))}
+                for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+    assert rows(cut) == rows(full)
+
+
+def test_fp16_update_without_a_backward_steps_cleanly():
+    """Regression: an fp16 update whose rows were all skipped (every group tied) runs no backward; its scaler must
+    still unscale and step (GradScaler made its scale lazily in scale(), so unscale_ failed: the first fp16 runs
+    crashed when their first step trained nothing)."""
+    from credo.train.mixed_precision import loss_scaler
+    from credo.train.optim import clip_and_step
+
+    model, _ = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    assert clip_and_step(model, opt, sched, 1.0, loss_scaler(opt, "fp16")) == 0.0  # no gradients: norm 0
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
