@@ -216,3 +216,22 @@ def test_cli_one_step_off_run_with_an_engine_that_drops_the_adapter_stops_on_the
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 1 and err.startswith("credo: guard error: guard weight_sync: after the sync to policy 1"), err
     assert "lora_B" in err and "guards.weight_sync=warn" in err
+
+
+def test_a_fresh_zero_initialised_adapter_starts_from_the_bases_logprobs():
+    """issue 37's cross-mode equivalence: apply_lora's B = 0, so the adapted policy's log-probs equal the base's
+    bit for bit on every forward path (it catches a non-zero B init, a scale or dropout applied at inference, an
+    adapter on the wrong module changing the base weights, or a forward path that skips the adapter's merge)."""
+    model, base, tok = _lora_model(seed=5)
+    assert all(torch.count_nonzero(p) == 0 for n, p in model.named_parameters() if "lora_B" in n)
+    assert any(torch.count_nonzero(p) > 0 for n, p in model.named_parameters() if "lora_A" in n)  # A is live
+    batch = _group_batch(tok)
+    base_lp, _ = policy_logprobs(base, batch, opts=NAIVE)
+    for opts in (NAIVE, ForwardOptions(chunk_size=4), ForwardOptions(chunk_size=0, pack=True),
+                 ForwardOptions(chunk_size=3, share_prompt=True)):
+        lp, _ = policy_logprobs(model, batch, opts=opts)
+        ref, _ = policy_logprobs(base, batch, opts=opts)
+        assert torch.equal(lp, ref), opts
+        torch.testing.assert_close(lp, base_lp, rtol=0, atol=1e-5)  # and the paths agree with the naive one
+    _kick(model, 0.5)  # the check can fail: a moved B changes the log-probs
+    assert not torch.equal(policy_logprobs(model, batch, opts=NAIVE)[0], base_lp)
