@@ -385,3 +385,31 @@ def test_gdpo_names_the_missing_component(tmp_path, capsys):
     assert code != 0
     err = capsys.readouterr().err
     assert "accuracy_reward" in err and "length_reward" in err
+
+
+# ----------------------------------------------------------------------------- named differences: verl's float32 constants
+
+def test_named_differences_from_verl_float32_constants():
+    """docs/algorithms/grpo.md, gdpo.md, gpg.md ("Difference from verl 0.9.1"): verl rounds a singleton group's std
+    and GPG's alpha through float32; credo computes them exactly in the scores' dtype. verl's expressions are
+    reproduced here as its ``core_algos`` writes them (verl itself runs in ``tests/algo/test_verl_parity.py``)."""
+    r = T([3.7, 0.5])  # two singleton groups
+    ones = torch.ones(2, 1, dtype=D)
+    ours = compute_advantages("grpo", rewards=r, group_ids=torch.tensor([0, 1]), response_mask=ones).advantages[:, 0]
+    close(ours, r / 1.000001, tol=1e-15)  # credo: std 1, + eps 1e-6, in float64
+    verl_div = torch.tensor(1.0) + 1e-6  # verl compute_grpo_outcome_advantage: id2std = torch.tensor(1.0) (float32)
+    assert verl_div.dtype == torch.float32 and verl_div.item() == 1.0000009536743164
+    rel = ((ours - r / verl_div) / ours).abs()
+    assert torch.allclose(rel, T([4.6326e-8, 4.6326e-8]), rtol=1e-4, atol=0), rel  # the documented 4.6e-8
+    # float32 rewards: both divide by the same float32 number, bit for bit
+    r32 = r.float()
+    ours32 = compute_advantages("grpo", rewards=r32, group_ids=torch.tensor([0, 1]),
+                                response_mask=ones.float()).advantages[:, 0]
+    assert torch.equal(ours32, r32 / verl_div)
+    # gpg: B = 8 rows, 6 nonzero, all singletons (mean 0): A = alpha R with alpha = 8 / 6 exactly
+    r = T([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    out = compute_advantages("gpg", rewards=r, group_ids=torch.arange(8), response_mask=torch.ones(8, 1, dtype=D))
+    close(out.advantages[:6, 0], torch.full((6,), 8 / 6, dtype=D), tol=1e-15)
+    verl_alpha = 8 / torch.tensor(6).clamp(min=1)  # verl compute_gpg_outcome_advantage: bsz / m.clamp(min=1)
+    assert verl_alpha.dtype == torch.float32
+    assert abs(verl_alpha.item() - 8 / 6) / (8 / 6) == pytest.approx(2.98e-8, rel=1e-2)  # the documented 3.0e-8

@@ -441,6 +441,7 @@ def check_adv(ours, theirs_adv, theirs_ret, mask, tol=TOL, returns=True, loose_r
 
 
 SINGLETONS = (6, 7)  # verl's singleton std is float32 torch.tensor(1.0) + 1e-6 = 1.00000095 (4.6e-8 off 1.000001)
+# (the named difference in docs/algorithms/grpo.md and gdpo.md)
 
 
 SCORE_IDS = [False, True]
@@ -467,7 +468,8 @@ def test_group_baselines_match_verl(verl, name, score, seed):
           "gpg": verl.ca.compute_gpg_outcome_advantage}[name]
     ours = compute_advantages(name, rewards=x["credo_rewards"], group_ids=x["gids"], response_mask=x["mask"])
     a, r = fn(token_level_rewards=x["token"], response_mask=x["mask"], index=x["index"])
-    # gpg: verl's alpha = bsz / m.clamp(min=1) of integer tensors is float32 (8/6 is off by 3e-8): 1e-7 there
+    # gpg: verl's alpha = bsz / m.clamp(min=1) of integer tensors is float32 (8/6 is off by a relative 3e-8): 1e-7
+    # there (the named difference in docs/algorithms/gpg.md)
     check_adv(ours, a, r, x["mask"], tol=1e-7 if name == "gpg" else TOL)
 
 
