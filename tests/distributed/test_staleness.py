@@ -215,3 +215,23 @@ def test_partial_run_trains_with_behaviour_ratios_of_mixed_version_tokens(tmp_pa
     # batch 2 (step 2): tokens 0-3 by version 0 (age 2), 4-7 by version 1 (age 1): both bins are filled
     assert 0 < rows[2]["rollout/staleness_hist/1"] < 1 and 0 < rows[2]["rollout/staleness_hist/2"] < 1
     assert all(r["rollout/staleness_max"] <= 2 for r in rows)
+
+
+def test_staleness_zero_equals_the_synchronous_loop(tmp_path: Path):
+    """issue 37's cross-mode equivalence: rollout.max_staleness=0 is the synchronous loop, not a pipeline with no
+    lag: the same sampled tokens and behaviour log-probs, metrics rows and final weights as a run that never names
+    the key. It catches a K = 0 that starts the async pipeline or Prefetch (an extra key-stream draw, evaluations
+    sampled from another engine state, a lag of one), or that logs async-only metrics."""
+    from safetensors.torch import load_file
+
+    args = [*RUN, "train.steps=3", "eval.every=2", "log.rollouts_every=1"]
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "sync"), *args]) == 0
+    assert main(["-q", "train", "--run-dir", str(tmp_path / "k0"), *args, "rollout.max_staleness=0"]) == 0
+    assert load_config(None, ["rollout.max_staleness=0"]).rollout.one_step_off is False
+    assert _dumps(tmp_path / "sync") == _dumps(tmp_path / "k0") and len(_dumps(tmp_path / "k0")) == 3 * 16
+    sync, k0 = _rows(tmp_path / "sync"), _rows(tmp_path / "k0")
+    assert len(k0) == 3 and sync == k0
+    assert not any(k.startswith("rollout/staleness") for r in k0 for k in r)  # no async-only metrics
+    assert all(r.get("rollout/policy_lag", 0) == 0 for r in k0)
+    a, b = (load_file(next((tmp_path / r / "final").glob("*.safetensors"))) for r in ("sync", "k0"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
