@@ -149,3 +149,40 @@ def test_ray_fsdp2_one_step_off_run_matches_the_single_process_run(tmp_path, ray
     w1, w2 = (load_file(next((tmp_path / p / "final").glob("*.safetensors"))) for p in ("single", "ray"))
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_one_ray_rank_equals_one_process(tmp_path):
+    """issue 37's cross-mode equivalence: distributed.backend=ray with one trainer rank, one rollout worker and one
+    reward worker (a private local Ray instance: ray_address null) trains exactly what one process trains: every
+    metrics row (bar timings, perf/, Ray's own dist/ counters and the weight_sync guard's counter, which only the
+    in-process engine logs) and the final weights bit for bit. It catches a worker that samples with another key
+    stream or stale weights, a rank that rescales the gradient, or a reward split that reorders rows."""
+    from safetensors.torch import load_file
+    from tests.conftest import TINY_RUN
+
+    credo = shutil.which("credo")
+    if credo is None:
+        pytest.skip("the credo console script is not on PATH")
+    args = [*TINY_RUN, "train.steps=3", "eval.every=2", "checkpoint.every=0", "log.report=false",
+            "reward.name=tests.reward_fixtures:length_score",  # rewards that vary within a group: real updates
+            "log.tensorboard=false", "log.progress=false", f"output_dir={tmp_path}"]
+    root = Path(__file__).resolve().parents[2]  # tests.reward_fixtures importable in the run and its workers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    single = subprocess.run([credo, "train", *args, "run_name=single"], capture_output=True, text=True, env=env,
+                            cwd=root)
+    assert single.returncode == 0, single.stderr[-2000:]
+    ray_run = subprocess.run([credo, "train", *args, "run_name=ray", "distributed.backend=ray",
+                              "distributed.world_size=1", "distributed.rollout_workers=1",
+                              "distributed.reward_workers=1"], capture_output=True, text=True, timeout=300,
+                             env=env, cwd=root)
+    assert ray_run.returncode == 0, ray_run.stderr[-3000:]
+    skip = ("timing_s/", "perf/", "dist/", "guard/weight_sync_trips")
+    one, two = ([{k: v for k, v in r.items() if not k.startswith(skip)} for r in _metrics(tmp_path / p / "metrics.jsonl")]
+                for p in ("single", "ray"))
+    assert len(one) == 3 and one == two
+    assert any(r.get("actor/grad_norm", 0) > 0 for r in one)  # the updates did something
+    assert [r["dist/rollout_restarts"] for r in _metrics(tmp_path / "ray" / "metrics.jsonl")] == [0, 0, 0]  # via Ray
+    w1, w2 = (load_file(tmp_path / p / "final" / "model.safetensors") for p in ("single", "ray"))
+    assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
+    s1, s2 = (json.loads((tmp_path / p / "summary.json").read_text()) for p in ("single", "ray"))
+    assert s1["final/eval/greedy_acc"] == s2["final/eval/greedy_acc"]
