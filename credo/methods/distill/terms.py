@@ -120,4 +120,6 @@ def _advantages(ctx: BuildContext) -> DistillAdvantages | None:
 @LOSS_TERMS.register("distill")
 def _loss(cfg) -> DistillLoss | None:
     d = cfg.distill
-    return DistillLoss(d.coef, d.estimator) if d is not None and d.mode == "loss" else None
+    # coef 0: no term at all, so the update is plain GRPO's (a zero-weighted term would still keep the rows whose
+    # advantages are all zero in the update, changing its row set and summation order; issue 37's equivalence test)
+    return DistillLoss(d.coef, d.estimator) if d is not None and d.mode == "loss" and d.coef > 0 else None

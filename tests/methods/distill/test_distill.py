@@ -156,16 +156,14 @@ def test_each_mode_runs_with_its_metrics_and_keeps_the_teacher_out_of_checkpoint
     assert "teacher" not in names and not any("teacher" in n for n in names)
 
 
-@pytest.mark.parametrize("mode", ["reward", "advantage", pytest.param("loss", marks=pytest.mark.xfail(strict=True, reason=(
-    "issue 37 finding: loss mode at coef 0 still keeps the zero-advantage rows for its (zero-weighted) KL term, so "
-    "actor/skipped_rows_frac is 0.0 where GRPO's is 0.25, actor/ppo_kl is averaged over other rows (1.9e-9 vs "
-    "1.3e-8 at step 1) and the final weights differ by 1.2e-7 (summation order); reward and advantage modes are "
-    "exact. Fix: treat coef 0 as no KL term (skip the zero rows) or refuse coef 0 in loss mode")))])
+@pytest.mark.parametrize("mode", ["reward", "advantage", "loss"])
 def test_coef_zero_equals_grpo_with_any_teacher(tmp_path: Path, mode: str):
     """issue 37's cross-mode equivalence: distill.coef=0 with a teacher unlike the student (another seed) trains
     exactly what plain GRPO trains (with the old-log-prob pass distillation keeps): the same metrics rows (bar the
     distill/ diagnostics and timings) and bit-equal final weights. It catches a KL term that leaks in at coef 0,
-    a mode that rescales rewards or advantages by itself, or the teacher pass touching the student or the RNG."""
+    a mode that rescales rewards or advantages by itself, or the teacher pass touching the student or the RNG.
+    Loss mode failed it until its term was dropped at coef 0: the zero-weighted term kept the zero-advantage rows
+    (actor/skipped_rows_frac 0.0 vs 0.25, final weights 1.2e-7 apart)."""
     init, teacher = _save(tmp_path, "init", 0), _save(tmp_path, "teacher", 7)
     common = [*TINY_DISTILL, f"model.path={init}", "warm_start.enabled=false", "train.steps=2", "train.warmup_steps=0",
               "reward.name=tests.reward_fixtures:length_score", "log.tensorboard=false"]
