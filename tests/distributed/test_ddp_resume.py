@@ -18,15 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.distributed.stop_at_step import TINY_MODEL, rows as _rows
+
 REPO = Path(__file__).resolve().parents[2]
 STOP_AT_STEP = Path(__file__).with_name("stop_at_step.py")  # credo train, interrupted at a step
-TINY_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "rollout.max_new_tokens=8", "warm_start.steps=3",
-              "warm_start.batch_size=8", "reward.workers=1"]
-VOLATILE = ("timing_s/", "perf/", "time", "wall")
-
-
-def _rows(path: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in map(json.loads, open(path))]
 
 
 def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:

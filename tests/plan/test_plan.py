@@ -1,6 +1,10 @@
 """credo plan: the cost model's arithmetic by hand, DDP vs FSDP2, published Qwen2 sizes, and the CLI."""
 from __future__ import annotations
 
+import functools
+
+from pathlib import Path
+
 import json
 
 import pytest
@@ -197,13 +201,20 @@ def test_cli_models_mixed_precision_offload_and_lora(capsys):
 
 
 def _live_bytes(prof) -> tuple[int, int]:
-    """(peak, final) of the running sum of the profiler's CPU allocation events (benchmarks/plan_validate.py)."""
-    cur = peak = 0
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return peak, cur
+    """(peak, final) of the running sum of the profiler's CPU allocation events: benchmarks/plan_validate.py's
+    ``live_bytes``, the one measurement both use (benchmarks/ is a folder of scripts, not a package)."""
+    return _plan_validate().live_bytes(prof)
+
+
+@functools.cache
+def _plan_validate():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "plan_validate.py"
+    spec = importlib.util.spec_from_file_location("plan_validate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _measure(mode: str) -> dict:
