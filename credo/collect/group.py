@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from credo.collect.base import CollectorNeeds
+from credo.faults import kill_point
 from credo.rewards.shaping import overlong_penalty
 from credo.tracking.timer import Timer
 from credo.train.stats import rollout_metrics
@@ -66,7 +67,7 @@ class GroupCollector:
             self.engine, self.runner_for(step), self.sampler, prompts_per_step=o.prompts_per_step,
             group_size=o.group_size, sampling=self.sampling, filter_groups=o.filter_groups,
             dynamic_sampling=o.dynamic_sampling, max_gen_batches=o.max_gen_batches,
-            overlong_buffer=o.overlong_buffer, overlong_factor=o.overlong_factor, timer=timer)
+            overlong_buffer=o.overlong_buffer, overlong_factor=o.overlong_factor, timer=timer, step=step)
         if o.noise:
             rollouts.metrics["reward/noised_frac"] = noised_frac(rollouts.results)
         return rollouts
@@ -89,7 +90,8 @@ def noised_frac(results: list[RewardResult]) -> float:
 
 def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_size: int, sampling: SamplingParams,
                      filter_groups: bool = False, dynamic_sampling: bool = False, max_gen_batches: int = 1,
-                     overlong_buffer: int = 0, overlong_factor: float = 1.0, timer=None) -> Rollouts:
+                     overlong_buffer: int = 0, overlong_factor: float = 1.0, timer=None, step: int | None = None
+                     ) -> Rollouts:
     timer = timer or Timer()  # a throwaway timer when the caller keeps none
     kept: list[tuple[list[Trajectory], list[RewardResult]]] = []
     dropped = 0
@@ -98,7 +100,7 @@ def collect_rollouts(engine, runner, sampler, *, prompts_per_step: int, group_si
     rounds = 0
     while True:
         rounds += 1
-        with StreamingScorer(runner, min_batch=max(1, prompts_per_step * group_size // 4)) as scorer:
+        with StreamingScorer(runner, min_batch=max(1, prompts_per_step * group_size // 4), step=step) as scorer:
             with timer("gen"):
                 trajs = engine.generate(sampler.next_batch(prompts_per_step), group_size, sampling,
                                         on_done=scorer.submit)
@@ -172,8 +174,8 @@ class StreamingScorer:
     never reported is scored there. An exception inside ``runner.score`` is re-raised by :meth:`results`.
     """
 
-    def __init__(self, runner, *, min_batch: int = 1) -> None:
-        self.runner = runner
+    def __init__(self, runner, *, min_batch: int = 1, step: int | None = None) -> None:
+        self.runner, self.step = runner, step  # step: the RL step whose batch this is (credo.faults' generate)
         self.min_batch = max(1, min_batch)
         self._queue: queue.Queue = queue.Queue()
         self._done: dict[int, RewardResult] = {}
@@ -183,6 +185,7 @@ class StreamingScorer:
 
     def submit(self, index: int, traj: Trajectory) -> None:
         self._queue.put((index, traj))
+        kill_point("generate", self.step)
 
     def _work(self) -> None:
         stop = False

@@ -44,6 +44,7 @@ import torch
 from safetensors import safe_open
 
 from credo.models import save_model
+from credo.faults import kill_point
 from credo.tracking.atomic import atomic_write_text
 from credo.tracking.rundir import open_nofollow
 from credo.types import Rollouts
@@ -101,6 +102,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
     _remove(tmp)
     try:
         save_model(model, tokenizer, tmp / "model")
+        kill_point("checkpoint", step)  # part of the checkpoint written (credo/faults.py)
         if critic is not None:
             critic.save(tmp / "critic")
         save_state(trainer_state, tmp)
@@ -123,6 +125,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, trainer_state
         shutil.rmtree(old)
     tmp.rename(final)
     _fsync_dir(root)
+    kill_point("latest", step)  # in place, `latest` not yet moved (credo/faults.py)
     _write_atomic(root / "latest", name)
     _prune(root, keep)
     return final

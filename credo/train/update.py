@@ -21,6 +21,7 @@ from credo.algo import (AggNorm, compute_policy_loss, policy_loss_inert, policy_
                         policy_loss_uses_rollout_logprobs)
 from credo.algo.critic import compute_critic_loss
 from credo.algo.rollout_correction import rollout_is_weights
+from credo.faults import kill_point
 from credo.train.data_parallel import LOCAL, DataParallel
 from credo.guards.logprobs import FIRST_RATIO_METRIC, ratio_deviation
 from credo.train.forward import ForwardOptions, micro_batches, policy_logprobs, response_outputs, trim
@@ -195,6 +196,7 @@ def update_policy(opts: UpdateOptions, model, batch: TrainBatch, optimizer, sche
         dp.reduce_grads(model)
         acc.add_per_update(dp.sum_scalars(losses))
         grad_norm = clip_and_step(model, optimizer, scheduler, opts.grad_clip, scaler)
+        kill_point("update", step)  # after an optimizer step of the step's update (credo/faults.py)
         acc.add_per_update({"actor/grad_norm": grad_norm, "actor/lr": lr,
                             "actor/skipped_rows_frac": 1.0 - float(live.float().mean()) if len(live) else 1.0})
         acc.end_update()

@@ -111,7 +111,7 @@ def collect_tree_rollouts(opts: TreeOptions, engine, runner, sampler, model, tok
     """One step's AttnRL rollouts (module docstring); ``model`` runs the FCI pass (the policy that sampled)."""
     a, timer, sampling = opts.collector, timer or Timer(), opts.sampling  # a throwaway timer when none is given
     n, prompts = opts.group_size, int(state.get("batch_size") or opts.prompts_per_step)
-    with StreamingScorer(runner, min_batch=max(1, prompts * n // 4)) as scorer:
+    with StreamingScorer(runner, min_batch=max(1, prompts * n // 4), step=step) as scorer:
         with timer("gen"):
             trajs = engine.generate(sampler.next_batch(prompts), n, sampling, on_done=scorer.submit)
         with timer("reward"):

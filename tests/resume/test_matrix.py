@@ -1,0 +1,178 @@
+"""The kill-and-resume matrix (docs/guarantees.md, "Resume"): every collector and mode, killed with SIGKILL at each
+fault point of credo/faults.py (``CREDO_KILL_AT``: mid-generation, mid-update, mid-checkpoint, between a checkpoint
+and its ``latest`` pointer) in a ``python -m credo.cli.main train`` subprocess, then resumed with
+``credo train --resume RUN``, ends as the uninterrupted run ended:
+
+- the rows of ``metrics.jsonl`` (timings aside: tests/recipes/test_resume.py's VOLATILE),
+- the final weights (every ``final/*.safetensors`` tensor, bit for bit in float32),
+- the prompts consumed and what was trained on them (every row of ``rollouts.jsonl``, ``log.rollouts_every=1``:
+  prompt and response tokens, scores, advantages, log-probs, policy versions), so an async mode's batches in flight
+  at the kill were neither dropped nor trained twice.
+
+Each cut run is also checked to have died where its point says (returncode -9 and what it left on disk).
+The uninterrupted run of a mode is made once per session and shared by its kill points (:func:`full_run`).
+
+Tiers: the :data:`DEFAULT` cells run in the default suite; every other cell is marked ``resume`` (deselected by
+default; ``python -m pytest -m resume``, .ci/run's resume stage), the vLLM and Ray cells also ``vllm`` / ``ray``
+(they run in those tiers' stages: ``-m 'resume and ray'``, ``-m 'resume and vllm'``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from credo.tracking.metrics import read_metrics
+from tests.conftest import TINY_RUN
+from tests.recipes.test_resume import LENGTH, QUIET, VOLATILE
+
+POINTS = ("generate", "update", "checkpoint", "latest")
+KILLED = -signal.SIGKILL
+RUN_TIMEOUT_S = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """``args(root)``: the ``credo train`` arguments (``root``: a folder for what the mode prepares first);
+    ``steps``: train.steps (checkpoints every step); ``kills``: kill point -> its ``CREDO_KILL_AT`` value
+    (:func:`kills`); ``check(full, cut)``: the mode's own assertions; ``python``: the interpreter;
+    ``marks``: pytest marks of every cell (``cells``: per kill point)."""
+    args: Callable[[Path], list[str]]
+    kills: dict[str, str]
+    check: Callable[[Path, Path], None] | None = None
+    python: str = sys.executable
+    marks: tuple = ()
+    cells: dict[str, tuple] = dataclasses.field(default_factory=dict)
+
+
+def kills(steps: int, *, generate: int | None = None, update: int | None = None) -> dict[str, str]:
+    """The four points of a run of ``steps`` steps checkpointed every step: generation and update of RL step
+    ``steps - 1`` (0-based: its row is ``steps``; the async modes' generation of that batch runs while an earlier
+    step trains, after checkpoint 1), the last checkpoint's writing and its pointer (the resume starts from
+    checkpoint ``steps - 1``)."""
+    last = steps - 1
+    return {"generate": f"generate@{last if generate is None else generate}",
+            "update": f"update@{last if update is None else update}",
+            "checkpoint": f"checkpoint@{steps}", "latest": f"latest@{steps}"}
+
+
+COMMON = [*TINY_RUN, *QUIET, "eval.every=0", "checkpoint.every=1", "log.rollouts_every=1", "checkpoint.keep=3"]
+
+
+def _args(*extra: str, steps: int) -> Callable[[Path], list[str]]:
+    return lambda root: [*COMMON, f"train.steps={steps}", *extra]
+
+
+MODES: dict[str, Mode] = {
+    "group": Mode(_args(LENGTH, steps=3), kills(3)),
+}
+
+# the cells of the default suite (the others run in the resume tier only)
+DEFAULT = {("group", p) for p in POINTS}
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def credo(python: str, args: list[str], *, kill_at: str | None = None, env: dict | None = None
+          ) -> subprocess.CompletedProcess:
+    """``python -m credo.cli.main -q ARGS`` in its own process group; with ``kill_at`` the run SIGKILLs itself
+    there (credo/faults.py), and what it started and left behind (reward workers) is killed with its group."""
+    environ = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1"}
+    environ.pop("CREDO_KILL_AT", None)
+    if kill_at is not None:
+        environ["CREDO_KILL_AT"] = kill_at
+    proc = subprocess.Popen([python, "-m", "credo.cli.main", "-q", *args], env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group's leftovers (the leader is gone or done)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+
+
+def rows(run: Path, file: str = "metrics.jsonl") -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(run / file)]
+
+
+def final_tensors(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted((run / "final").rglob("*.safetensors"))
+    assert files, f"{run}/final holds no safetensors"
+    return {f"{f.relative_to(run)}:{k}": v.float() for f in files for k, v in load_file(f).items()}
+
+
+_FULL: dict[str, tuple[Path, list[str]]] = {}
+
+
+@pytest.fixture(scope="session")
+def full_run(tmp_path_factory):
+    """``full_run(mode)`` -> (the uninterrupted run, the arguments): made on the first request of the session."""
+    def run(name: str) -> tuple[Path, list[str]]:
+        if name not in _FULL:
+            mode = MODES[name]
+            root = tmp_path_factory.mktemp(f"resume-{name}")
+            args = mode.args(root)
+            done = credo(mode.python, ["train", "--run-dir", str(root / "full"), *args])
+            assert done.returncode == 0, done.stdout[-4000:]
+            _FULL[name] = (root / "full", args)
+        return _FULL[name]
+    return run
+
+
+def check_died_at(point: str, spec: str, cut: Path) -> None:
+    """What the killed run left shows where it died."""
+    step = int(spec.split("@")[1].split("#")[0])
+    ckpts = cut / "checkpoints"
+    logged = [r["step"] for r in read_metrics(cut / "metrics.jsonl") if "reward/mean" in r or "train/skipped_step" in r]
+    assert not (cut / "final").exists()
+    if point == "checkpoint":
+        assert any(p.name.startswith(f".tmp-step_{step:06d}-") for p in ckpts.iterdir())
+        assert not (ckpts / f"step_{step:06d}").exists()
+    elif point == "latest":
+        assert (ckpts / f"step_{step:06d}" / "COMPLETE").is_file()
+        assert (ckpts / "latest").read_text().strip() == f"step_{step - 1:06d}"
+    elif point == "update":
+        assert max(logged, default=0) == step  # this step's row (step + 1) was not written
+    else:  # generate: rows up to the step's, at most (async: the batch is generated ahead)
+        assert max(logged, default=0) <= step
+
+
+def _cells():
+    for name, mode in MODES.items():
+        for point in POINTS:
+            if point not in mode.kills:
+                continue
+            tier = () if (name, point) in DEFAULT else (pytest.mark.resume,)
+            marks = [*tier, *mode.marks, *mode.cells.get(point, ())]
+            yield pytest.param(name, point, marks=marks, id=f"{name}-{point}")
+
+
+@pytest.mark.parametrize(("name", "point"), list(_cells()))
+def test_killed_and_resumed_run_ends_as_the_uninterrupted_run(name: str, point: str, full_run, tmp_path):
+    mode = MODES[name]
+    full, args = full_run(name)
+    cut, spec = tmp_path / "cut", mode.kills[point]
+    died = credo(mode.python, ["train", "--run-dir", str(cut), *args], kill_at=spec)
+    assert died.returncode == KILLED, f"{spec} never reached (rc {died.returncode}):\n{died.stdout[-4000:]}"
+    check_died_at(point, spec, cut)
+    resumed = credo(mode.python, ["train", "--resume", str(cut)])
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert rows(cut) == rows(full)
+    assert rows(cut, "rollouts.jsonl") == rows(full, "rollouts.jsonl")
+    a, b = final_tensors(full), final_tensors(cut)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if mode.check is not None:
+        mode.check(full, cut)
