@@ -17,7 +17,8 @@ _spec.loader.exec_module(gc)  # tools/ is a folder of scripts, not a package
 
 STEPS = ["pytest_gpu", "rl_hf_cuda", "rl_vllm_colocated_sleep", "rl_vllm_server", "fsdp2_all_gpus", "fsdp2_resume",
          "activation_checkpointing", "mixed_precision_bf16", "optimizer_offload", "weight_sync_ipc", "lora_vllm",
-         "weight_sync_bench", "pytest_vllm"]
+         "weight_sync_bench", "pytest_vllm", "parity_hf_fp32", "parity_hf_bf16", "parity_vllm_fp32",
+         "parity_vllm_bf16"]
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -47,10 +48,14 @@ def test_dry_run_lists_every_step_with_its_command(tmp_path: Path):
     assert "checkpoint.every=1" in resume and "checkpoint.every=0" not in resume, resume
     assert "rollout.vllm.weight_sync=ipc" in by["weight_sync_ipc"]["command"]
     assert "model.lora.r=8" in by["lora_vllm"]["command"] and "rollout.engine=vllm" in by["lora_vllm"]["command"]
+    for name, engine, dtype in [("parity_hf_fp32", "hf", "float32"), ("parity_vllm_bf16", "vllm", "bfloat16")]:
+        cmd = by[name]["command"]  # credo parity on CUDA, its JSON report kept (docs/parity.md)
+        assert f"parity tiny --engine {engine} --dtype {dtype}" in cmd and "model.device=cuda" in cmd, cmd
+        assert f"parity_{engine}_{dtype}.json" in cmd, cmd
     # every train step whose feature is in the tree has overrides the config accepts (a renamed key fails here)
     checked = [s for s in report["steps"] if "config_error" in s]
     assert {"rl_hf_cuda", "rl_vllm_server", "fsdp2_all_gpus", "fsdp2_resume", "optimizer_offload",
-            "weight_sync_ipc", "lora_vllm"} <= {s["name"] for s in checked}
+            "weight_sync_ipc", "lora_vllm", "parity_hf_fp32", "parity_vllm_bf16"} <= {s["name"] for s in checked}
     assert all(s["config_error"] is None for s in checked), checked
     assert set(report["facts"]) >= {"cuda_available", "gpus", "nvidia_smi", "torch", "vllm"}
     assert sum(report["steps"][i]["timeout_s"] for i in range(len(STEPS))) > report["budget_s"] >= 60
@@ -102,6 +107,17 @@ def test_run_parser_takes_medians_past_the_first_step(tmp_path: Path):
                                     "smollm2 inprocess safetensors sync median s": 3.39,
                                     "smollm2 inprocess torchdist-1layer sync median s": 0.106,
                                     "smollm2 server start-up s": 40.0, "smollm2 server torchdist sync median s": 1.07}
+
+
+def test_parity_parser_reads_the_report(tmp_path: Path):
+    report = {"worst_out_of_range": 0.02, "variants": [
+        {"name": "trainer:padded", "out_of_range": 0.0, "max_abs": 1e-3},
+        {"name": "engine:rows_1", "out_of_range": 0.02, "max_abs": 0.5}]}
+    (tmp_path / "p.json").write_text(json.dumps(report))
+    assert gc.parse_parity(str(tmp_path / "p.json")) == {
+        "worst_out_of_range": 0.02, "trainer:padded out_of_range": 0.0, "trainer:padded max_abs": 1e-3,
+        "engine:rows_1 out_of_range": 0.02, "engine:rows_1 max_abs": 0.5}
+    assert gc.parse_parity(str(tmp_path / "missing.json")) == {}
 
 
 def test_feature_steps_are_compared_with_the_plain_run():

@@ -14,7 +14,9 @@ median step time and timing_s/* from metrics.jsonl, peak CUDA memory, the weight
   credo's HF engine, with vLLM colocated in process (sleep / wake between rollouts) and with vLLM as a server;
 - FSDP2 over every visible GPU (torchrun, nccl); activation checkpointing, bf16 mixed precision and the NCCL
   weight sync when this tree has their config keys (probed with load_config; a step whose key is missing is
-  skipped with the reason recorded); the weight-sync benchmark (benchmarks/vllm_sync.py).
+  skipped with the reason recorded); the weight-sync benchmark (benchmarks/vllm_sync.py);
+- ``credo parity`` with that policy on CUDA, float32 and bfloat16, HF engine and vLLM: each step's JSON report is
+  kept and its out-of-range shares become the step's figures (docs/parity.md).
 
 A step that needs what is absent (no CUDA, no vLLM, a config key not in the tree) is skipped with its reason; in
 --dry-run nothing is started and every step is listed with its command and status "dry-run" (plus the reason it
@@ -61,7 +63,7 @@ class Step:
     command: list[str]
     timeout_s: float
     needs: list[str] = field(default_factory=list)  # cuda, vllm, feature:<name>
-    kind: str = "run"  # pytest, train, bench
+    kind: str = "run"  # pytest, train, bench, parity
     run_dir: str | None = None
     env: dict = field(default_factory=dict)
     overrides: list[str] | None = None  # a train step's config overrides, where its command is a script
@@ -105,7 +107,25 @@ def steps(out_dir: Path, n_gpus: int) -> list[Step]:
     out.append(Step("weight_sync_bench", [PY, "benchmarks/vllm_sync.py", "--models", "smollm2", "--reps", "3"], 120,
                     ["cuda", "vllm"], "bench"))
     out.append(Step("pytest_vllm", [*pt, "-m", "vllm"], 240, ["cuda", "vllm"], "pytest"))
+    out.extend(parity_steps(out_dir))
     return out
+
+
+def parity_steps(out_dir: Path) -> list[Step]:
+    """``credo parity`` on CUDA (docs/parity.md): the Qwen2-0.5B-shaped policy, float32 and bfloat16, against
+    credo's HF engine and vLLM; each writes its JSON report (figures: the worst out-of-range share and each
+    comparison's). Recorded, not gated: a bfloat16 share above 0 is the measurement."""
+    steps_ = []
+    for engine, dtype, t in [("hf", "float32", 120), ("hf", "bfloat16", 120), ("vllm", "float32", 150),
+                             ("vllm", "bfloat16", 150)]:
+        report = str(out_dir / f"parity_{engine}_{dtype}.json")
+        extra = ["rollout.vllm.gpu_memory_utilization=0.3"] if engine == "vllm" else []
+        overrides = [*QWEN2_0P5B, "model.device=cuda", "rollout.group_size=8", "rollout.max_new_tokens=48", *extra]
+        cmd = [PY, "-m", "credo.cli.main", "parity", "tiny", "--engine", engine, "--dtype", dtype, "--rows", "32",
+               "--out", report, *overrides]
+        steps_.append(Step(f"parity_{engine}_{'bf16' if dtype == 'bfloat16' else 'fp32'}", cmd, t,
+                           ["cuda"] + (["vllm"] if engine == "vllm" else []), "parity", report, overrides=overrides))
+    return steps_
 
 
 def fsdp2_resume_step(out_dir: Path, n_gpus: int, cuda: list[str]) -> Step:
@@ -247,6 +267,20 @@ def parse_bench(text: str) -> dict:
     return out
 
 
+def parse_parity(report_file: str) -> dict:
+    """``credo parity --out FILE``'s figures: the worst out-of-range share, and per comparison its share and
+    max |log-prob difference|."""
+    f = Path(report_file)
+    if not f.is_file():
+        return {}
+    report = json.loads(f.read_text())
+    out: dict = {"worst_out_of_range": report.get("worst_out_of_range")}
+    for v in report.get("variants", []):
+        out[f"{v['name']} out_of_range"] = v.get("out_of_range")
+        out[f"{v['name']} max_abs"] = v.get("max_abs")
+    return out
+
+
 def run_step(step: Step, budget_end: float, logs: Path) -> dict:
     left = budget_end - time.monotonic()
     if left < 20:
@@ -281,6 +315,8 @@ def run_step(step: Step, budget_end: float, logs: Path) -> dict:
         res["figures"] = parse_run(step.run_dir)
     elif step.kind == "bench":
         res["figures"] = parse_bench(text)
+    elif step.kind == "parity" and step.run_dir:
+        res["figures"] = parse_parity(step.run_dir)
     return res
 
 
@@ -343,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in plan:
         entry = {"name": step.name, "command": shlex.join(step.command), "timeout_s": step.timeout_s}
         reason = skip_reason(step, env)
-        if step.kind == "train" and not any(n.startswith("feature:") and probe_feature(n[8:]) is None
+        if step.kind in ("train", "parity") and not any(n.startswith("feature:") and probe_feature(n[8:]) is None
                                             for n in step.needs):
             entry["config_error"] = config_error(overrides_of(step))  # a renamed key shows here, on the CPU too
         if args.dry_run:
