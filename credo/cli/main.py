@@ -34,6 +34,7 @@ from credo.methods.reward_models import cli as rm_cli
 from credo.inspect import cli as inspect_cli
 from credo.inspect import parity_cli
 from credo.plan import cli as plan_cli
+from credo.tools import template_cli
 from credo.methods.rlep import cli as rlep_cli
 from credo.cli import export as export_cli
 
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     export_cli.add_commands(sub)  # credo export RUN_DIR --out DIR (a LoRA adapter merged into its base)
     inspect_cli.add_commands(sub)  # credo inspect RUN --step N (credo.inspect)
     plan_cli.add_commands(sub)  # credo plan --config X --gpus N --gpu-mem-gb M (credo.plan)
+    template_cli.add_commands(sub)  # credo template check MODEL_OR_TEMPLATE (credo.tools.template_check)
     parity_cli.add_commands(sub)  # credo parity MODEL [--engine hf|vllm] (credo.inspect.parity)
     add_run_tools(sub)
     add_service_commands(sub)

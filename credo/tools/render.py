@@ -31,6 +31,26 @@ CHAR_TOOL_TEMPLATE = (
     "{% endfor %}"
 )
 
+
+
+def render_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = False,
+               chat_template: str | None = None, **template_kwargs: Any) -> list[int]:
+    """The token ids of ``messages`` rendered through ``chat_template`` (None: the tokenizer's own)."""
+    kwargs: dict[str, Any] = {"chat_template": chat_template} if chat_template else {}
+    ids = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                        add_generation_prompt=generation_prompt, **kwargs, **template_kwargs)
+    # transformers >= 5 answers a BatchEncoding (a mapping: list() of it would be its keys), 4.x a list of ids
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def render_text(tokenizer, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = False,
+                chat_template: str | None = None, **template_kwargs: Any) -> str:
+    """The text of the same render (what :func:`render_ids` tokenises)."""
+    kwargs: dict[str, Any] = {"chat_template": chat_template} if chat_template else {}
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=generation_prompt, **kwargs, **template_kwargs)
+
+
 _PROBE = [{"role": "user", "content": "x"}]
 _PROBE_TURN = _PROBE + [{"role": "assistant", "content": "y"}]
 
@@ -55,11 +75,7 @@ class ToolRenderer:
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = False
                ) -> list[int]:
-        kwargs: dict[str, Any] = {"chat_template": self.chat_template} if self.chat_template else {}
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
-                                                 add_generation_prompt=generation_prompt, **kwargs)
-        # transformers >= 5 answers a BatchEncoding (a mapping: list() of it would be its keys), 4.x a list of ids
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return render_ids(self.tokenizer, messages, tools, generation_prompt, self.chat_template)
 
     def prompt(self, instruction: str, observation: str, tools: list[dict]) -> tuple[list[dict], list[int]]:
         """(messages, ids) of the conversation's start: system = instruction, user = first observation."""

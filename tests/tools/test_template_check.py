@@ -1,0 +1,153 @@
+"""The extension-property check of chat templates (credo.tools.template_check, docs/templates.md): hand-built
+templates with known properties (one that holds, one per cause), the family corpus of
+tests/fixtures/chat_templates with each template's verdict, and ``credo template check``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from credo.cli.main import main
+from credo.tools.render import CHAR_TOOL_TEMPLATE
+from credo.tools.template_check import CAUSES, byte_tokenizer, check, conversations
+from tests.tools.tool_templates import QWEN25, THINK_STRIPPING
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+
+# Qwen2.5 with a newline after the tool results only when another message follows (verl #6719's lost separator)
+SEPARATOR = QWEN25.replace(
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}",
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>' }}"
+    "{%- if not loop.last %}{{- '\\n' }}{%- endif %}{%- endif %}")
+# Qwen2.5 whose generation prompt opens an empty reasoning block the rendered turn does not have
+GENERATION_PROMPT = QWEN25.replace("{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+                                   "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{%- endif %}")
+# no special tokens: "assistant:" then the turn; a byte-pair merge of ": " crosses the generation prompt's seam
+PLAIN = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant:{% endif %}")
+# the system prompt written before the last user message (Mistral's placement)
+MOVING_SYSTEM = ("{% set ns = namespace(last=-1) %}{% for m in messages %}{% if m.role == 'user' %}"
+                 "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+                 "{% for m in messages %}{% if m.role == 'user' %}[INST] {% if loop.index0 == ns.last %}"
+                 "{{ messages[0].content }} {% endif %}{{ m.content }}[/INST]{% elif m.role == 'assistant' %}"
+                 "{{ m.content }}</s>{% endif %}{% endfor %}")
+
+# the family corpus (credo-written models of each family's format, SOURCES.md): holds, or the first cause
+EXPECTED = {
+    "qwen2.5.jinja": None,
+    "qwen3.jinja": "reasoning_stripped",  # reasoning kept only after the last user query (an empty block too)
+    "hermes.jinja": None,
+    "llama3.1-json.jinja": "reasoning_stripped",  # a tool-call turn's text (its reasoning) is not written
+    "mistral-v3-tools.jinja": "other",  # the system prompt and tools move to the last user message
+    "mistral-v7-tools.jinja": "other",  # [AVAILABLE_TOOLS] moves to the last user message
+    "gemma3.jinja": None,  # holds where it renders: no tool role (roles must alternate)
+    "deepseek-v3.jinja": None,
+    "deepseek-r1.jinja": "generation_prompt_differs",  # "<think>\n" opens the prompt; turns render without it
+    "glm4.jinja": "reasoning_stripped",  # a tool-call turn is the name and arguments only
+    "phi3.jinja": "generation_prompt_differs",  # the end-of-text token closes a render without generation prompt
+}
+
+
+def _tok(template: str, **kw):
+    return byte_tokenizer(template, specials=True, **kw)
+
+
+def test_a_template_that_appends_only_holds():
+    v = check(_tok(QWEN25))
+    assert v.holds and v.divergence is None and v.conversations == 8 and v.checks > 60
+    assert set(v.results.values()) == {"holds"} and not v.skipped
+
+
+@pytest.mark.parametrize("template, cause, conv", [
+    (THINK_STRIPPING, "reasoning_stripped", "chat+reasoning"),
+    (SEPARATOR, "separator_at_tool_boundary", "tools"),
+    (GENERATION_PROMPT, "generation_prompt_differs", "chat"),
+    (MOVING_SYSTEM, "other", "chat"),
+], ids=["think", "separator", "generation-prompt", "moving-system"])
+def test_each_cause_is_found_at_its_first_divergence(template, cause, conv):
+    v = check(_tok(template))
+    assert not v.holds and v.cause == cause and v.divergence.conversation == conv, v.summary()
+    d = v.divergence
+    assert d.tokens[0] != d.tokens[1] and d.token_index > 0 and d.detail
+    assert cause in CAUSES and cause in v.summary()
+
+
+def test_the_separator_cause_names_the_separator():
+    d = check(_tok(SEPARATOR)).divergence
+    assert "'\\n'" in d.detail and "tool boundary" in d.detail and d.step.startswith("G(")
+
+
+def test_a_merge_across_the_seam_is_a_tokenizer_merge():
+    plain = check(byte_tokenizer(PLAIN))
+    assert plain.holds  # bytes: no merges, the text-level property holds
+    merged = check(byte_tokenizer(PLAIN, merges=[(":", "Ġ")]))  # ": " is one token ("Ġ" is the byte-level space)
+    assert not merged.holds and merged.cause == "tokenizer_merge"
+    assert merged.divergence.step.startswith("E(") and merged.divergence.tokens == (":", ": ")
+
+
+def test_reasoning_is_given_as_the_template_reads_it():
+    inline = [m for _, msgs, _ in conversations(0, False) for m in msgs if "<think>" in (m.get("content") or "")]
+    field = [m for _, msgs, _ in conversations(0, True) for m in msgs if m.get("reasoning_content")]
+    assert inline and field and len(inline) == len(field)
+    assert conversations(3) == conversations(3) and conversations(3) != conversations(4)  # seeded
+
+
+def test_credo_character_template_holds():
+    assert check(_tok(CHAR_TOOL_TEMPLATE)).holds
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_corpus_verdicts(name):
+    v = check(_tok((CORPUS / name).read_text()))
+    assert v.cause == EXPECTED[name], v.summary()
+    assert v.holds is (EXPECTED[name] is None)
+
+
+def test_the_corpus_and_its_sources_list_the_same_templates():
+    files = {p.name for p in CORPUS.glob("*.jinja")}
+    sources = (CORPUS / "SOURCES.md").read_text()
+    assert files == set(EXPECTED)
+    assert all(f"`{name}`" in sources for name in files)
+
+
+def test_per_conversation_results_localise_the_failure():
+    v = check(_tok((CORPUS / "llama3.1-json.jinja").read_text()))
+    assert v.results["chat"] == v.results["tools"] == "holds"  # without reasoning it appends cleanly
+    assert v.results["tools+reasoning"] == "reasoning_stripped" and v.results["parallel-tools"] == "skipped"
+    assert any("single tool-calls" in s for s in v.skipped)
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_cli_on_a_template_file(tmp_path, capsys):
+    good, bad = tmp_path / "good.jinja", tmp_path / "bad.jinja"
+    good.write_text(QWEN25)
+    bad.write_text(THINK_STRIPPING)
+    assert main(["template", "check", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "byte-level fallback" in out and "holds" in out
+    assert main(["template", "check", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "refuted (reasoning_stripped)" in out and "first diverging token" in out
+    assert main(["template", "check", str(bad), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["holds"] is False and data["divergence"]["cause"] == "reasoning_stripped"
+
+
+def test_cli_on_a_tokenizer_directory_and_bad_input(tmp_path, capsys):
+    model = tmp_path / "tok"
+    _tok(THINK_STRIPPING).save_pretrained(model)
+    assert main(["template", "check", str(model), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["divergence"]["cause"] == "reasoning_stripped"
+    tpl = tmp_path / "q.jinja"
+    tpl.write_text(QWEN25)
+    assert main(["template", "check", str(tpl), "--tokenizer", str(model)]) == 0  # the directory's tokens
+    assert "tokenizer: " + str(model) in capsys.readouterr().out
+    assert main(["template", "check", str(tmp_path / "missing.jinja")]) == 2
+    assert main(["template", "check", "nobody-here/no-such-model"]) == 2  # not in the (offline) hub cache
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["template", "check", str(empty)]) == 2
+    assert "no such template file" in capsys.readouterr().err
