@@ -15,7 +15,8 @@ runs: ForwardOptions.of(cfg), with train.mixed_precision's autocast).
 Engine variants, each against the trainer's ``padded`` forward of the engine's own tokens: ``rows_1`` (each row
 decoded alone), HF: ``generic_decode`` (the lean decode off), ``kv_reuse_on`` / ``kv_reuse_off`` (a second turn on
 the first turn's KV sessions or fully prefilled, credo.rollout.kv_reuse); vLLM: ``prefix_cache_warm`` /
-``prefix_cache_cold`` (a second turn whose history is in vLLM's prefix cache, or after a reset of it).
+``prefix_cache_cold`` (a second turn whose history, the prompt repeated to :data:`HISTORY_TOKENS` tokens and its
+first turn, is in vLLM's prefix cache, or the same after a reset of the cache).
 
 Layer localisation: :mod:`credo.inspect.parity_layers`.
 """
@@ -33,7 +34,10 @@ from credo.inspect.parity_layers import LAYER_TOL, engine_layer_states, layer_na
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
 
 BOUNDS = (0.9, 1.1)  # the ratio band of verl issue #6280
-SECOND_TURN = "\nnext: "  # the observation appended before a second turn (engine KV reuse / prefix-cache variants)
+SECOND_TURN = "\nnext: "
+# vLLM's prefix cache keeps whole KV blocks (128 tokens on its CPU build, 16 by default on CUDA): the prefix-cache
+# variants' first turn is the prompt repeated to this many tokens, so its blocks can be read back
+HISTORY_TOKENS = 160  # the observation appended before a second turn (engine KV reuse / prefix-cache variants)
 
 
 @dataclass
@@ -204,6 +208,11 @@ def hf_runs(model, tokenizer, prefixes, sp: SamplingParams, key: int, want_layer
     return runs, ((row_conts, states) if want_layers else None)
 
 
+def long_history(prefix: list[int], tokens: int) -> list[int]:
+    """``prefix`` repeated up to at least ``tokens`` tokens: a first turn long enough to fill whole KV blocks."""
+    return list(prefix) * max(1, math.ceil(tokens / max(len(prefix), 1)))
+
+
 def _reset_prefix_cache(engine) -> None:
     transport = engine.transport
     if hasattr(transport, "llm"):
@@ -230,10 +239,11 @@ def vllm_runs(model, tokenizer, prefixes, sp: SamplingParams, key: int, cfg, dty
         rows = [engine.continue_ids([p], sp, stream=(key, i))[0] for i, p in enumerate(prefixes)]
         runs.append(EngineRun("rows_1", "each row its own call", batch_of(prefixes, rows, pad_id=pad,
                                                                          temperature=temp)))
-        turn2 = second_turn(tokenizer, prefixes, conts)
-        warm = engine.continue_ids(turn2, sp, stream=(key + 1, 0))
+        history = [long_history(p, HISTORY_TOKENS) for p in prefixes]  # full blocks for the cache to keep
+        turn2 = second_turn(tokenizer, history, engine.continue_ids(history, sp, stream=(key + 1, 0)))
+        warm = engine.continue_ids(turn2, sp, stream=(key + 2, 0))
         _reset_prefix_cache(engine)
-        cold = engine.continue_ids(turn2, sp, stream=(key + 1, 0))
+        cold = engine.continue_ids(turn2, sp, stream=(key + 2, 0))
         for name, c, what in (("prefix_cache_warm", warm, "a second turn, its history in the prefix cache"),
                               ("prefix_cache_cold", cold, "the same second turn after a prefix-cache reset")):
             cached = sum(x.cached_tokens or 0 for x in c)
