@@ -70,12 +70,58 @@ def _args(*extra: str, steps: int) -> Callable[[Path], list[str]]:
     return lambda root: [*COMMON, f"train.steps={steps}", *extra]
 
 
+def _replay_args(root: Path) -> list[str]:
+    """RLEP from a pool file (every training prompt with 2 stored right answers), refreshed as the run goes."""
+    from tests.methods.rlep.test_rlep import _reversal_pool
+
+    _reversal_pool(root / "pool.jsonl", 64)
+    return ["--config", "rlep", *COMMON, "train.steps=3", f"replay.pool={root / 'pool.jsonl'}", "replay.refresh=true"]
+
+
+def _lora_args(root: Path) -> list[str]:
+    from tests.models.test_lora import RUN
+
+    return [*RUN, *COMMON[len(TINY_RUN):], "train.steps=3"]
+
+
+def _policy_lag(lags: list[int]) -> Callable[[Path, Path], None]:
+    """An async mode trains on batches of older policies: the lags are the schedule's (the async machinery ran)."""
+    def check(full: Path, cut: Path) -> None:
+        assert [r["rollout/policy_lag"] for r in rows(full) if "reward/mean" in r] == lags
+    return check
+
+
+def _critic_check(full: Path, cut: Path) -> None:
+    """The critic is trained (and resumed with its optimizer): its loss is logged every step."""
+    assert all("critic/vf_loss" in r for r in rows(full) if "reward/mean" in r)
+
+
+def _tree_check(full: Path, cut: Path) -> None:
+    """AttnRL's dynamic batch size moved (its running state is part of the checkpoint)."""
+    assert len({r["tree/prompts"] for r in rows(full) if "tree/prompts" in r}) > 1
+
+
+def _replay_check(full: Path, cut: Path) -> None:
+    assert all(r["replay/samples"] > 0 for r in rows(full) if "reward/mean" in r)
+
+
+ASYNC = kills(4, generate=3)  # batch 3 is generated in the background while step 1 or 2 trains
+
 MODES: dict[str, Mode] = {
     "group": Mode(_args(LENGTH, steps=3), kills(3)),
+    "one_step_off": Mode(_args(LENGTH, "rollout.one_step_off=true", steps=4), ASYNC, _policy_lag([0, 1, 1, 1])),
+    "staleness": Mode(_args(LENGTH, "rollout.max_staleness=2", steps=4), ASYNC, _policy_lag([0, 1, 2, 2])),
+    "staleness_partial": Mode(_args(LENGTH, "rollout.max_staleness=2", "rollout.partial=true", steps=4), ASYNC,
+                              _policy_lag([0, 1, 2, 2])),
+    "critic": Mode(lambda root: ["--config", "ppo", *_args(LENGTH, steps=3)(root)], kills(3), _critic_check),
+    "lora": Mode(_lora_args, kills(3)),
+    "tree": Mode(lambda root: ["--config", "attnrl", *_args(LENGTH, "attnrl.max_prompts=6", steps=4)(root)],
+                 kills(4), _tree_check),
+    "replay": Mode(_replay_args, kills(3), _replay_check),
 }
 
 # the cells of the default suite (the others run in the resume tier only)
-DEFAULT = {("group", p) for p in POINTS}
+DEFAULT = {("group", p) for p in POINTS} | {("staleness_partial", "generate")}
 
 
 # ----------------------------------------------------------------------------- running
@@ -156,7 +202,8 @@ def _cells():
             if point not in mode.kills:
                 continue
             tier = () if (name, point) in DEFAULT else (pytest.mark.resume,)
-            marks = [*tier, *mode.marks, *mode.cells.get(point, ())]
+            # one xdist group per mode: its cells share its uninterrupted run, the modes spread over the workers
+            marks = [*tier, pytest.mark.xdist_group(f"resume-{name}"), *mode.marks, *mode.cells.get(point, ())]
             yield pytest.param(name, point, marks=marks, id=f"{name}-{point}")
 
 
