@@ -155,7 +155,7 @@ def run_envs(a: AgentCollectorConfig) -> list[str]:
 def tool_mode(a: AgentCollectorConfig, tokenizer):
     """The structured-tools mode (credo.rollout.tool_episode.ToolMode) when the run's environments are tools environments
     (``EnvSpec.tools``), else None; ConfigError for a mix, branching or a tools environment behind a server."""
-    from credo.rollout.tool_episode import ToolMode
+    from credo.rollout.tool_episode import ToolMode, choose_render
     from credo.tools.parsers import get_parser
     from credo.tools.render import CHAR_TOOL_TEMPLATE, ToolRenderer
 
@@ -170,7 +170,9 @@ def tool_mode(a: AgentCollectorConfig, tokenizer):
         raise ConfigError("structured-tools environments run in-process and without branching "
                           "(rollout.collector.branching=none, no server_urls for them)")
     own = a.tools.chat_template == "auto" and getattr(tokenizer, "chat_template", None)
-    return ToolMode(ToolRenderer(tokenizer, None if own else CHAR_TOOL_TEMPLATE), get_parser(a.tools.parser))
+    renderer = ToolRenderer(tokenizer, None if own else CHAR_TOOL_TEMPLATE)
+    append_only, verdict = choose_render(renderer, a.tools.render)  # docs/templates.md
+    return ToolMode(renderer, get_parser(a.tools.parser), append_only, verdict)
 
 
 def make_template(a: AgentCollectorConfig, tokenizer) -> AgentTemplate:
@@ -275,7 +277,10 @@ class AgentCollector:
         self.sampler, self.stage_samplers, self.guards = sampler, stage_samplers, guards
 
     def start(self, run_dir: Path) -> None:
-        """Nothing to prepare before the first step."""
+        """A structured-tools run records its render choice and template verdict (template_check.json)."""
+        tools = tool_mode(self.opts.collector, self.tokenizer)
+        if tools is not None:
+            tools.record(run_dir)
 
     def collect(self, step: int, timer) -> Rollouts:
         sampler = self.stage_samplers[stage_of(self.opts.collector, step)] if self.stage_samplers else self.sampler

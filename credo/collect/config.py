@@ -39,6 +39,11 @@ class ToolsConfig:
     chat_template: str = opt("auto", "auto: the tokenizer's chat template when it has one, else credo's tool "
                              "template for character models (credo.tools.render.CHAR_TOOL_TEMPLATE); credo: always "
                              "credo's", choices=("auto", "credo"))
+    render: str = opt("auto", "how an episode's ids are built (docs/templates.md): append = token ids appended turn by "
+                      "turn; auto = append, after checking the chat template's extension property (credo template "
+                      "check; a refuted template is logged, recorded in template_check.json and metric "
+                      "render/extension_holds); rerender is refused in the agent loop (the gateway re-renders)",
+                      choices=("auto", "append", "rerender"))
 
 
 @dataclass
@@ -120,6 +125,10 @@ class GatewayCollectorConfig:
     tool_parser: str = opt("hermes", "how tool calls are read from the model's completions: hermes "
                            "(<tool_call>{json}</tool_call>, Qwen2.5) or qwen3_coder",
                            choices=("hermes", "qwen3_coder"))
+    render: str = opt("auto", "how each call's prompt is built (docs/templates.md): append = an episode's earlier "
+                      "answers' sampled ids substituted (calls stitch into one row); rerender = every request rendered "
+                      "whole; auto = append when the chat template's extension property holds (credo template "
+                      "check), rerender when it is refuted", choices=("auto", "append", "rerender"))
     max_failed_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes failed "
                                   "(the agent raised, timed out, exited non-zero, printed no JSON reward or returned "
                                   "a bad one); failed episodes are never trained on (1 = never stop)",

@@ -273,7 +273,7 @@ def make_gateway(engine, tokenizer, g: GatewayCollectorConfig, sampling: Samplin
 
     limits = GatewayLimits(max_calls=g.max_calls, max_tokens=g.max_tokens, concurrency=g.concurrency)
     gateway = Gateway(engine, tokenizer, sampling=sampling, host=g.host, port=g.port, limits=limits,
-                      tool_parser=g.tool_parser)
+                      tool_parser=g.tool_parser, render=g.render)
     gateway.start()
     return gateway
 
@@ -311,6 +311,7 @@ class GatewayCollector:
         trajs, results, kept = training_rows(episodes, self.tokenizer, group_size=o.group_size,
                                              version=self.engine.policy_version)
         metrics.update(kept)
+        metrics["render/append_only"] = float(self._gateway().append_only)  # docs/templates.md
         if trajs:
             metrics.update(rollout_metrics(trajs, results))
         return Rollouts(trajs, results, metrics, sampling=o.sampling)

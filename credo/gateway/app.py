@@ -75,7 +75,7 @@ async def chat_completion(gw: Any, key: str | None, raw: bytes) -> tuple[Any, bo
     ep = gw.episode(key or "")
     req = P.parse_chat(P.load_body(raw))
     try:
-        prompt, reused = gw.renderer.prompt(req.messages, req.tools, ep.memory)
+        prompt, reused = gw.renderer.prompt(req.messages, req.tools, ep.memory if gw.append_only else None)
     except Exception as exc:  # noqa: BLE001 - a template that refuses the conversation (e.g. roles out of order)
         raise P.bad(f"the chat template could not render the messages: {type(exc).__name__}: {str(exc)[:200]}",
                     "messages") from None

@@ -29,12 +29,14 @@ when the render reproduces the sampled ids).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from credo.tools.parsers import ToolCall, ToolParser
 from credo.tools.render import CHAR_TOOL_TEMPLATE, ToolRenderer
 
+log = logging.getLogger(__name__)
 _PROBE_TURN = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
 _CALL_PROBE = "zq_probe_fn"  # a function name no real tool has: does the template write tool_calls?
 
@@ -155,3 +157,25 @@ class ChatRenderer:
             ids.append(self.end_of_turn)  # the template closes a turn cut by the length cap or a stop string
         canon = tuple(canonical(m) for m in msgs) + (canonical(answer),)
         return Turn(canon, canonical_tools(tools), ids, call)
+
+
+def render_choice(renderer: ChatRenderer, render: str = "auto") -> tuple[bool, Any]:
+    """(substitute the sampled ids?, the template's verdict or None) for the gateway's ``render`` setting
+    (docs/templates.md): ``append`` substitutes, ``rerender`` renders every request whole, ``auto`` checks the
+    chat template's extension property (credo.tools.template_check) and substitutes only when it holds. The choice
+    is logged."""
+    from credo.tools.template_check import check
+
+    if render not in ("auto", "append", "rerender"):
+        raise ValueError(f"render must be auto, append or rerender, got {render!r}")
+    verdict = None
+    if render == "auto":
+        try:
+            verdict = check(renderer.tokenizer, renderer.base.chat_template)
+        except ValueError as exc:  # the template renders none of the seeded conversations
+            log.warning("gateway: the chat template's extension property could not be checked (%s)", exc)
+    append_only = render == "append" or (render == "auto" and (verdict is None or verdict.holds))
+    log.info("gateway: %s (render=%s%s)", "append-only ids (earlier answers' sampled ids substituted)"
+             if append_only else "every request re-rendered whole", render,
+             f"; template: {verdict.summary()}" if verdict is not None else "")
+    return append_only, verdict

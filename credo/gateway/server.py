@@ -65,7 +65,7 @@ from credo.gateway import protocol as P
 from credo.gateway.capture import CallRecord, EpisodeRecord, Segment, stitch
 from credo.gateway.contract import AgentClient
 from credo.gateway.protocol import GatewayError
-from credo.gateway.render import ChatRenderer, TurnMemory
+from credo.gateway.render import ChatRenderer, TurnMemory, render_choice
 from credo.gateway.scheduler import Job, Result, Scheduler, SchedulerStopped
 from credo.http_server import ServerLimits
 from credo.types import SamplingParams
@@ -113,13 +113,17 @@ class Gateway:
     every call). ``tool_parser``: a credo.tools.parsers name. ``chat_template``: a Jinja chat template; None: the
     tokenizer's own, or credo.tools.render.CHAR_TOOL_TEMPLATE when it has none (credo's character models).
     ``token``: an operator key, accepted by ``GET /v1/models`` besides the episodes' keys; it never scopes a
-    completion. ``host``: 127.0.0.1 unless told otherwise.
+    completion. ``host``: 127.0.0.1 unless told otherwise. ``render``: ``append`` substitutes an episode's sampled
+    ids (credo.gateway.render), ``rerender`` renders every request whole, ``auto`` appends when the chat template's
+    extension property holds and re-renders when it is refuted (credo.gateway.render.render_choice,
+    docs/templates.md).
     """
 
 
     def __init__(self, engine: Any, tokenizer: Any, *, sampling: SamplingParams, model_name: str = "credo-policy",
                  host: str = "127.0.0.1", port: int = 0, limits: GatewayLimits = GatewayLimits(),
-                 tool_parser: str = "hermes", chat_template: str | None = None, token: str | None = None):
+                 tool_parser: str = "hermes", chat_template: str | None = None, token: str | None = None,
+                 render: str = "auto"):
         from credo.tools.parsers import get_parser
 
         if not hasattr(engine, "continue_ids"):
@@ -129,6 +133,7 @@ class Gateway:
         self.model_name, self.host, self.port, self.limits, self.token = model_name, host, port, limits, token
         self.parser = get_parser(tool_parser)
         self.renderer = ChatRenderer(tokenizer, self.parser, chat_template)
+        self.append_only, self.verdict = render_choice(self.renderer, render)
         self.eos_id = tokenizer.eos_token_id
         config = getattr(engine, "model_config", None)
         self.max_context = limits.max_context or getattr(config, "max_position_embeddings", None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +34,13 @@ class ToolState:
     parsed: int = 0
     failed: int = 0
     render_mismatch: bool = False
+    append_only: bool = True  # the episode's ids were appended turn by turn (ToolMode.append_only)
+    extension_holds: bool | None = None  # the template's verdict (None: not checked)
 
     def info(self) -> dict[str, Any]:
         return {"tool_attempted": self.attempted, "tool_parsed": self.parsed, "tool_failed": self.failed,
-                "render_mismatch": self.render_mismatch}
+                "render_mismatch": self.render_mismatch, "append_only": self.append_only,
+                "extension_holds": self.extension_holds}
 
 
 def call_action(call: ToolCall) -> str:
@@ -44,12 +48,62 @@ def call_action(call: ToolCall) -> str:
     return "<call>" + json.dumps({"name": call.name, "arguments": call.arguments}) + "</call>"
 
 
+def choose_render(renderer: ToolRenderer, render: str = "auto") -> tuple[bool, Any]:
+    """(append-only ids?, the template's verdict or None) for ``rollout.collector.tools.render`` (docs/templates.md):
+    ``append`` appends ids turn by turn; ``auto`` checks the template's extension property
+    (credo.tools.template_check) and appends when it holds; ``rerender`` and a refuted ``auto`` would re-render
+    the history each turn, which the agent loop does not implement (its episode is one growing list of ids): a
+    refuted ``auto`` keeps append-only ids and says so (log, metric ``render/append_only``, the run directory's
+    template_check.json); ``rerender`` is refused."""
+    from credo.config.validate import ConfigError
+    from credo.tools.template_check import check
+
+    if render == "rerender":
+        raise ConfigError("rollout.collector.tools.render=rerender: not implemented in the agent loop (an episode is "
+                          "one growing list of ids); the gateway collector re-renders (rollout.collector.render)")
+    if render == "append":
+        return True, None
+    seen = _VERDICTS.setdefault(renderer.tokenizer, {})
+    verdict = seen.get(renderer.chat_template)
+    if verdict is None:
+        try:
+            verdict = check(renderer.tokenizer, renderer.chat_template)
+        except ValueError as exc:  # the template renders none of the seeded conversations
+            log.warning("chat template: the extension property could not be checked (%s); the agent loop appends "
+                        "ids turn by turn", exc)
+            return True, None
+        seen[renderer.chat_template] = verdict
+        if verdict.holds:
+            log.info("chat template: the extension property holds (%s); the agent loop appends ids turn by turn",
+                     verdict.summary())
+        else:
+            log.warning("chat template: the extension property is refuted: %s. The agent loop has no re-render "
+                        "mode and keeps append-only ids (metric render/append_only, tools/render_mismatch)",
+                        verdict.summary())
+    return True, verdict
+
+
+# tokenizer -> {template: verdict}: each checked once per process (a loop is built per step)
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 @dataclass
 class ToolMode:
-    """The renderer and parser of a structured-tools run (``AgentLoop.tools``)."""
+    """The renderer and parser of a structured-tools run (``AgentLoop.tools``); ``append_only`` and ``verdict``:
+    :func:`choose_render`'s answer."""
 
     renderer: ToolRenderer
     parser: ToolParser
+    append_only: bool = True
+    verdict: Any = None  # credo.tools.template_check.Verdict, None when not checked (render=append)
+
+    def record(self, run_dir) -> None:
+        """Write the render choice and the template's verdict to ``run_dir/template_check.json``."""
+        import json
+        from pathlib import Path
+
+        body = {"append_only": self.append_only, "verdict": self.verdict.to_dict() if self.verdict else None}
+        (Path(run_dir) / "template_check.json").write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n")
 
     def template(self):
         """The loop's turn template: the chat template's assistant prefix and end-of-turn (also closing a turn cut
@@ -64,7 +118,8 @@ class ToolMode:
 
     def start(self, client, instruction: str, observation: str) -> tuple[ToolState, list[int]]:
         """A new episode's state and prompt ids."""
-        state = ToolState()
+        state = ToolState(append_only=self.append_only,
+                          extension_holds=self.verdict.holds if self.verdict is not None else None)
         return state, self.prompt(state, client, instruction, observation)
 
     def prompt(self, state: ToolState, client, instruction: str, observation: str) -> list[int]:
@@ -118,7 +173,9 @@ class ToolMode:
 
 def tool_metrics(infos: list[dict], prefix: str = "tools") -> dict[str, float]:
     """Per step: ``tools/calls_attempted`` / ``calls_parsed`` / ``calls_failed`` (sums over the episodes), their
-    per-episode means (``..._mean``) and ``tools/render_mismatch`` (episodes whose re-render differs)."""
+    per-episode means (``..._mean``), ``tools/render_mismatch`` (episodes whose re-render differs),
+    ``render/append_only`` (share of episodes built append-only) and ``render/extension_holds`` (1.0 when the
+    template's extension property holds, 0.0 refuted; absent when not checked)."""
     n = max(len(infos), 1)
     out: dict[str, float] = {}
     for key in ("attempted", "parsed", "failed"):
@@ -126,6 +183,11 @@ def tool_metrics(infos: list[dict], prefix: str = "tools") -> dict[str, float]:
         out[f"{prefix}/calls_{key}"] = total
         out[f"{prefix}/calls_{key}_mean"] = total / n
     out[f"{prefix}/render_mismatch"] = sum(bool(i.get("render_mismatch")) for i in infos)
+    if infos:  # how the episodes' ids were built (docs/templates.md): 1.0 append-only, 0.0 re-rendered
+        out["render/append_only"] = sum(bool(i.get("append_only", True)) for i in infos) / len(infos)
+        checked = [i["extension_holds"] for i in infos if i.get("extension_holds") is not None]
+        if checked:
+            out["render/extension_holds"] = float(all(checked))
     return out
 
 

@@ -406,14 +406,15 @@ def test_gateway_stop_refuses_new_calls():
 
 
 def test_a_template_that_rewrites_past_turns_still_stitches():
-    """Qwen3-style: a past assistant turn loses its <think> block when re-rendered; the sampled ids are kept."""
+    """Qwen3-style: a past assistant turn loses its <think> block when re-rendered; with render=append the sampled
+    ids are kept (render=auto re-renders such a template: tests/tools/test_template_check.py)."""
     from credo.gateway.protocol import parse_messages
     from tests.tools.tool_templates import THINK_STRIPPING
 
     tok = chat_tokenizer(THINK_STRIPPING)
     engine = ScriptedEngine(tok, ["<think>greet back</think>Hi!", "Bye."], end=tok.convert_tokens_to_ids("<|im_end|>"))
-    with Gateway(engine, tok, sampling=SamplingParams(max_new_tokens=100), limits=GatewayLimits(batch_wait_s=0.0)) \
-            as gw:
+    with Gateway(engine, tok, sampling=SamplingParams(max_new_tokens=100), limits=GatewayLimits(batch_wait_s=0.0),
+                 render="append") as gw:
         c = gw.open_episode("think")
         client = c.openai()
         msgs = [{"role": "user", "content": "Hello"}]

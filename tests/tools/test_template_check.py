@@ -151,3 +151,73 @@ def test_cli_on_a_tokenizer_directory_and_bad_input(tmp_path, capsys):
     empty.mkdir()
     assert main(["template", "check", str(empty)]) == 2
     assert "no such template file" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the agent loop and the gateway
+
+
+def test_the_agent_collector_records_the_verdict_and_refuses_rerender(tmp_path, caplog):
+    import logging
+
+    from credo.collect.agent import tool_mode
+    from credo.collect.config import AgentCollectorConfig, ToolsConfig
+    from credo.config.validate import ConfigError
+    from credo.rollout.tool_episode import ToolState, tool_metrics
+    from tests.tools.tool_templates import chat_tokenizer
+
+    a = AgentCollectorConfig(envs=["calc_tools"])
+    holds = tool_mode(a, chat_tokenizer(QWEN25))
+    assert holds.append_only and holds.verdict.holds
+    with caplog.at_level(logging.WARNING):
+        refuted = tool_mode(a, chat_tokenizer(THINK_STRIPPING))
+    assert refuted.append_only and refuted.verdict.cause == "reasoning_stripped"  # no re-render mode: said so
+    assert any("extension property is refuted" in r.message for r in caplog.records)
+    refuted.record(tmp_path)
+    saved = json.loads((tmp_path / "template_check.json").read_text())
+    assert saved["append_only"] is True and saved["verdict"]["divergence"]["cause"] == "reasoning_stripped"
+    state, _ = refuted.start(_Client(), "instr", "obs")
+    assert state.info()["extension_holds"] is False and state.info()["append_only"] is True
+    m = tool_metrics([state.info(), ToolState(extension_holds=True).info()])
+    assert m["render/append_only"] == 1.0 and m["render/extension_holds"] == 0.0
+    plain = tool_mode(AgentCollectorConfig(envs=["calc_tools"], tools=ToolsConfig(render="append")),
+                      chat_tokenizer(THINK_STRIPPING))
+    assert plain.append_only and plain.verdict is None
+    with pytest.raises(ConfigError, match="rerender: not implemented in the agent loop"):
+        tool_mode(AgentCollectorConfig(envs=["calc_tools"], tools=ToolsConfig(render="rerender")),
+                  chat_tokenizer(QWEN25))
+
+
+class _Client:
+    name = "calc_tools"
+
+    def tool_schemas(self):
+        return []
+
+
+@pytest.mark.parametrize("render, template, append_only", [
+    ("auto", QWEN25, True), ("auto", THINK_STRIPPING, False), ("append", THINK_STRIPPING, True),
+    ("rerender", QWEN25, False)])
+def test_the_gateway_follows_the_verdict(render, template, append_only):
+    """auto substitutes the sampled ids when the property holds and renders each request whole when refuted: a
+    think-stripping template's two calls are then two rows (their prompts do not extend each other)."""
+    from credo.gateway.server import Gateway, GatewayLimits, stitch
+    from credo.types import SamplingParams
+    from tests.gateway.gateway_fakes import ScriptedEngine
+    from tests.tools.tool_templates import chat_tokenizer
+
+    tok = chat_tokenizer(template)
+    engine = ScriptedEngine(tok, ["<think>greet back</think>Hi!", "Bye."], end=tok.convert_tokens_to_ids("<|im_end|>"))
+    with Gateway(engine, tok, sampling=SamplingParams(max_new_tokens=100), limits=GatewayLimits(batch_wait_s=0.0),
+                 render=render) as gw:
+        assert gw.append_only is append_only and (gw.verdict is not None) is (render == "auto")
+        c = gw.open_episode("e")
+        client = c.openai()
+        msgs = [{"role": "user", "content": "Hello"}]
+        r = client.chat.completions.create(model="m", messages=msgs)
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "ok"}]
+        client.chat.completions.create(model="m", messages=msgs)
+        rec = gw.close_episode(c)
+    segments = stitch(rec.calls)
+    stripped = template == THINK_STRIPPING
+    assert rec.calls[1].reused_call == (0 if append_only else None)
+    assert len(segments) == (2 if stripped and not append_only else 1)
