@@ -208,9 +208,11 @@ def hf_runs(model, tokenizer, prefixes, sp: SamplingParams, key: int, want_layer
     return runs, ((row_conts, states) if want_layers else None)
 
 
-def long_history(prefix: list[int], tokens: int) -> list[int]:
-    """``prefix`` repeated up to at least ``tokens`` tokens: a first turn long enough to fill whole KV blocks."""
-    return list(prefix) * max(1, math.ceil(tokens / max(len(prefix), 1)))
+def long_history(tokenizer, row: int, prefix: list[int], tokens: int) -> list[int]:
+    """A first turn long enough to fill whole KV blocks: a tag naming the row (so no two rows share a block, and a
+    reset cache is cold for every row) and ``prefix`` repeated up to at least ``tokens`` tokens."""
+    tag = list(tokenizer(f"[{row}] ", add_special_tokens=False)["input_ids"])
+    return tag + list(prefix) * max(1, math.ceil(tokens / max(len(prefix), 1)))
 
 
 def _reset_prefix_cache(engine) -> None:
@@ -239,7 +241,7 @@ def vllm_runs(model, tokenizer, prefixes, sp: SamplingParams, key: int, cfg, dty
         rows = [engine.continue_ids([p], sp, stream=(key, i))[0] for i, p in enumerate(prefixes)]
         runs.append(EngineRun("rows_1", "each row its own call", batch_of(prefixes, rows, pad_id=pad,
                                                                          temperature=temp)))
-        history = [long_history(p, HISTORY_TOKENS) for p in prefixes]  # full blocks for the cache to keep
+        history = [long_history(tokenizer, i, p, HISTORY_TOKENS) for i, p in enumerate(prefixes)]
         turn2 = second_turn(tokenizer, history, engine.continue_ids(history, sp, stream=(key + 1, 0)))
         warm = engine.continue_ids(turn2, sp, stream=(key + 2, 0))
         _reset_prefix_cache(engine)
