@@ -237,6 +237,10 @@ def _classify(a: _State, b: _State, msgs: list[dict]) -> tuple[str, str]:
     seam = msgs[max(0, a.index - 1):b.index + 1]
     at_tools = any(m["role"] == "tool" or m.get("tool_calls") for m in seam)
     separator = bool(changed and _SEPARATOR.fullmatch(changed[1]))
+    rest_a, rest_b = re.sub(r"\s+", "", a.text[c:]), re.sub(r"\s+", "", b.text[c:])
+    if not separator and rest_b.startswith(rest_a):  # only whitespace differs (e.g. a template's layout leaking)
+        separator, changed = True, ("changed", f"{a.text[c:c + 16]!r} -> {b.text[c:c + 16]!r}")
+        detail = f"whitespace {changed[1]}; " + detail
     if separator and at_tools:
         detail = f"separator {changed[1]!r} {changed[0]} at a tool boundary; " + detail
     in_appended = c >= a.seam  # the divergence is in what ``a`` appended last, not in the history before it

@@ -20,6 +20,11 @@ SEPARATOR = QWEN25.replace(
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}",
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>' }}"
     "{%- if not loop.last %}{{- '\\n' }}{%- endif %}{%- endif %}")
+# Qwen2.5 whose tool results end with a blank line when last and with " \n" when a message follows (whitespace only)
+WHITESPACE = QWEN25.replace(
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}",
+    "{%- if loop.last %}{{- '<|im_end|>\\n\\n' }}{%- elif messages[loop.index0 + 1].role != 'tool' %}"
+    "{{- '<|im_end|> \\n' }}{%- endif %}")
 # Qwen2.5 whose generation prompt opens an empty reasoning block the rendered turn does not have
 GENERATION_PROMPT = QWEN25.replace("{{- '<|im_start|>assistant\\n' }}{%- endif %}",
                                    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{%- endif %}")
@@ -62,9 +67,10 @@ def test_a_template_that_appends_only_holds():
 @pytest.mark.parametrize("template, cause, conv", [
     (THINK_STRIPPING, "reasoning_stripped", "chat+reasoning"),
     (SEPARATOR, "separator_at_tool_boundary", "tools"),
+    (WHITESPACE, "separator_at_tool_boundary", "tools"),
     (GENERATION_PROMPT, "generation_prompt_differs", "chat"),
     (MOVING_SYSTEM, "other", "chat"),
-], ids=["think", "separator", "generation-prompt", "moving-system"])
+], ids=["think", "separator", "whitespace", "generation-prompt", "moving-system"])
 def test_each_cause_is_found_at_its_first_divergence(template, cause, conv):
     v = check(_tok(template))
     assert not v.holds and v.cause == cause and v.divergence.conversation == conv, v.summary()
@@ -76,6 +82,7 @@ def test_each_cause_is_found_at_its_first_divergence(template, cause, conv):
 def test_the_separator_cause_names_the_separator():
     d = check(_tok(SEPARATOR)).divergence
     assert "'\\n'" in d.detail and "tool boundary" in d.detail and d.step.startswith("G(")
+    assert WHITESPACE != QWEN25 and "whitespace" in check(_tok(WHITESPACE)).divergence.detail
 
 
 def test_a_merge_across_the_seam_is_a_tokenizer_merge():
