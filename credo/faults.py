@@ -12,8 +12,9 @@ The points (``STEP`` as the code at the point counts it):
     mid-generation: a rollout of the batch of RL step ``STEP`` (0-based, the step ``rl_step`` runs: its metrics
     row is ``STEP + 1``) is complete and scored or being scored, the batch is not. The single-turn collectors
     (group, tree, replay; the HF, vLLM and Ray engines) reach it each time the engine reports an output done
-    (``credo.collect.group.StreamingScorer.submit``), the agent collector each time an episode ends, the gateway
-    collector each time a session's rollouts are in. In the async modes (one-step-off, bounded staleness,
+    (``credo.collect.group.StreamingScorer.submit``), the agent collector each time a turn of the step's episodes
+    ends (``credo.rollout.agent_loop.AgentLoop.run``), the gateway collector each time one of the step's episodes
+    is closed (``credo.collect.gateway.run_episodes``). In the async modes (one-step-off, bounded staleness,
     partial rollouts) the batch of step ``STEP`` is generated in the background while an earlier step trains:
     the kill lands with batches in flight.
 ``update``

@@ -22,7 +22,8 @@ from credo.envs import HTTPEnvClient, LocalEnvClient, eval_task_ids, get_env_spe
 from credo.errors import EXIT_ENV_FAILURE, RunStopped
 from credo.guards import agent as agent_guards
 from credo.http_auth import resolve_token
-from credo.rollout.agent_loop import AgentLoop, AgentTemplate, chat_template, plain_template, to_trajectory
+from credo.rollout.agent_loop import (AgentLoop, AgentTemplate, chat_template, plain_template, segment_trajectories,
+                                     to_trajectory)
 from credo.rollout.branching import branched_rollouts
 from credo.models.batch import collate
 from credo.collect.base import CollectorNeeds
@@ -203,7 +204,7 @@ def make_loop(a: AgentCollectorConfig, engine, tokenizer, *, max_turns: int) -> 
                      max_tokens_per_turn=a.max_tokens_per_turn, max_response_tokens=a.max_response_tokens,
                      threads=a.threads, top_logprobs=top_logprobs, stop_sequences=action_stop_sequences(a, tokenizer),
                      max_total_tokens=getattr(engine.model_config, "max_position_embeddings", None), tools=tools,
-                     kv_reuse=a.kv_reuse and engine.kv_sessions)
+                     kv_reuse=a.kv_reuse and engine.kv_sessions and (tools is None or tools.append_only))
 
 
 def step_horizon(a: AgentCollectorConfig, step: int) -> int:
@@ -218,8 +219,9 @@ def eval_horizon(a: AgentCollectorConfig) -> int:
 
 
 def run_episodes(a: AgentCollectorConfig, loop: AgentLoop, examples: list[Example], n: int, sampling: SamplingParams,
-                 *, branching: str = "none", generator: torch.Generator | None = None):
-    """(trajectories, rewards, branch stats): ``n`` episodes per example, plain or branched."""
+                 *, branching: str = "none", generator: torch.Generator | None = None, segments: bool = False):
+    """(trajectories, rewards, branch stats): ``n`` episodes per example, plain or branched. ``segments``: a
+    re-rendered episode's closed segments come before its row (``info["closed_segment"]``; docs/templates.md)."""
     group_ids = [g for g in range(len(examples)) for _ in range(n)]
     if branching != "none":
         return branched_rollouts(loop, examples, n, sampling, lambda ex: make_client(a, ex.meta["env"]),
@@ -231,7 +233,8 @@ def run_episodes(a: AgentCollectorConfig, loop: AgentLoop, examples: list[Exampl
     finally:
         for c in clients:
             c.close()
-    pairs = [to_trajectory(ep, loop.tokenizer) for ep in episodes]
+    pairs = [p for ep in episodes for p in ((segment_trajectories(ep, loop.tokenizer) if segments else [])
+                                            + [to_trajectory(ep, loop.tokenizer)])]
     return [p[0] for p in pairs], [p[1] for p in pairs], {}
 
 
@@ -243,14 +246,18 @@ def collect_agent_rollouts(opts: AgentOptions, engine, tokenizer, sampler, *, st
     a = opts.collector
     max_turns = step_horizon(a, step)
     loop = make_loop(a, engine, tokenizer, max_turns=max_turns)
+    loop.step = step  # credo/faults.py's generate point
     with timer("gen"):
         prompts = sampler.next_batch(opts.prompts_per_step)
         trajs, results, branch_stats = run_episodes(a, loop, prompts, opts.group_size, sampling,
-                                                    branching=a.branching, generator=engine.generator)
+                                                    branching=a.branching, generator=engine.generator, segments=True)
     trajs = [dataclasses.replace(t, policy_version=engine.policy_version) for t in trajs]
-    metrics = rollout_metrics(trajs, results) | episode_metrics(trajs, results, prefix="agent")
+    finals = [i for i, t in enumerate(trajs) if "closed_segment" not in t.info]  # one per episode
+    metrics = rollout_metrics(trajs, results) | episode_metrics([trajs[i] for i in finals], [results[i] for i in finals],
+                                                                prefix="agent")
     if loop.tools is not None:
-        metrics.update(tool_metrics([t.info for t in trajs]))
+        metrics.update(tool_metrics([trajs[i].info for i in finals]))
+        metrics["render/rows_per_episode"] = len(trajs) / max(len(finals), 1)
         if guards is not None:
             agent_guards.check_tool_calls(guards, trajs, results, step=step)
     results = shape_rewards(results, trajs, turn_cost=a.turn_cost, invalid_action_cost=a.invalid_action_cost)

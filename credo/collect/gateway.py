@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from credo.faults import kill_point
 from credo.collect.base import CollectorNeeds
 from credo.collect.config import GatewayCollectorConfig
 from credo.collect.gateway_agents import LIMIT_CODES, REASONS, AgentSpec, EpisodeFailed, one_line, verifiers_source
@@ -122,7 +123,7 @@ class Episode:
 
 
 def run_episodes(gateway, agent: AgentSpec, g: GatewayCollectorConfig, examples: list[Example], n: int,
-                 prefix: str) -> list[Episode]:
+                 prefix: str, step: int | None = None) -> list[Episode]:
     """``n`` episodes per example (episode ``prefix/<row>/<k>``), at most ``g.concurrency`` at once, each closed
     after its agent returned or failed."""
 
@@ -138,6 +139,7 @@ def run_episodes(gateway, agent: AgentSpec, g: GatewayCollectorConfig, examples:
             finally:
                 ep.record = gateway.close_episode(client)
                 ep.seconds = time.perf_counter() - t0
+            kill_point("generate", step)  # an episode of the step's batch is in (credo/faults.py)
         limit = [r for r in ep.record.refused if r.startswith(LIMIT_CODES)]
         if ep.failure in ("raised", "exit_code") and limit:  # it ended because a call was refused
             ep.failure, ep.error = "limit", f"{one_line(limit[0], 160)} (then: {ep.error})"
@@ -303,7 +305,8 @@ class GatewayCollector:
         o, g = self.opts, self.opts.collector
         with timer("gen"):
             examples = self.sampler.next_batch(o.prompts_per_step)
-            episodes = run_episodes(self._gateway(), self.agent, g, examples, o.group_size, f"step{step + 1}")
+            episodes = run_episodes(self._gateway(), self.agent, g, examples, o.group_size, f"step{step + 1}",
+                                    step=step)
         with timer("reward"):
             score_episodes(episodes, self.runner_for(step), reward_from=g.reward_from)
         metrics = episode_metrics(episodes)

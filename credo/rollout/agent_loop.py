@@ -16,7 +16,9 @@ reward 0, ``failed``; the trainer leaves such episodes out of the update). The o
 step's reward (0 if the episode was cut); where it is placed on tokens is the trainer's choice
 (``agent.reward_placement``). With ``tools`` (credo.rollout.tool_episode.ToolMode, docs/tools.md) turns are structured
 tool calls: the prompt is rendered with the environment's tool schemas, each turn's calls are parsed and run, and
-their tool messages are appended as the template's token delta.
+their tool messages are appended as the template's token delta; when the chat template does not extend its own
+renders (``rollout.collector.tools.render``), the conversation is re-rendered before each turn and an episode may
+become several training rows (:meth:`Episode.rerender`, docs/templates.md).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from credo.faults import kill_point
 from credo.envs import EnvClient, EnvError
 from credo.models.tokenizer import encode_prompt
 from credo.rollout.kv_reuse import KVSession
@@ -113,6 +116,19 @@ class Episode:
     kv: Any = None  # credo.rollout.kv_reuse.KVSession: the history's keys / values while the episode runs
     prefill_tokens: int = 0  # tokens its turns ran through a prefill
     reused_tokens: int = 0  # tokens its turns read from its KV session instead
+    segments: list = field(default_factory=list)  # closed (prompt, response, mask, logprobs, turns) of a re-render
+
+    def num_turns(self) -> int:
+        """Assistant turns so far, the closed segments' included."""
+        return len(self.turns) + sum(len(seg[4]) for seg in self.segments)
+
+    def rerender(self, prompt_ids: list[int]) -> None:
+        """Continue from ``prompt_ids`` (a fresh render of the conversation): when they are not the ids held, the
+        ids held so far become a closed segment (its own training row) and a new one starts from them."""
+        if prompt_ids == self.prompt_ids + self.response_ids:
+            return
+        self.segments.append((self.prompt_ids, self.response_ids, self.mask, self.logprobs, self.turns))
+        self.prompt_ids, self.response_ids, self.mask, self.logprobs, self.turns = list(prompt_ids), [], [], [], []
 
     def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.response_ids += ids
@@ -138,6 +154,7 @@ class AgentLoop:
     max_total_tokens: int | None = None  # prompt + response cap (the model's positions); None = unlimited
     tools: Any = None  # credo.rollout.tool_episode.ToolMode: turns are structured tool calls (docs/tools.md)
     kv_reuse: bool = False  # keep each episode's KV cache across turns (the engine's sessions, kv_reuse.py)
+    step: int | None = None  # the RL step whose episodes these are (credo/faults.py's generate point)
 
     def start(self, examples: list[Example], clients: list[EnvClient], group_ids: list[int]) -> list[Episode]:
         """Reset every client on its example's task; a failing reset ends that episode as an env failure."""
@@ -165,6 +182,10 @@ class AgentLoop:
             return []
         sp = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             greedy=sampling.greedy, seed=sampling.seed, max_new_tokens=self.max_tokens_per_turn)
+        if self.tools is not None and not self.tools.append_only:  # re-render each turn (docs/templates.md)
+            for ep in active:
+                if ep.response_ids:
+                    ep.rerender(self.tools.rerender_prompt(ep.tools))
         prefixes = [ep.prompt_ids + ep.response_ids + self.template.assistant_prefix for ep in active]
         kv = {"sessions": [ep.kv for ep in active]} if self.kv_reuse else {}
         conts = self.engine.continue_ids(prefixes, sp, stop_ids=(self.template.end_of_turn,),
@@ -213,7 +234,7 @@ class AgentLoop:
         if result.done:
             ep.done, ep.success = True, bool(result.info.get("success", result.reward > 0))
             return
-        if len(ep.turns) >= self.max_turns:
+        if ep.num_turns() >= self.max_turns:
             ep.done, ep.cut = True, "max_turns"
             return
         obs = self.template.observation(result.observation) if msgs is None else self.tools.observation(ep.tools, msgs)
@@ -232,6 +253,7 @@ class AgentLoop:
         active = [ep for ep in episodes if not ep.done]
         while active:
             active = self.turn(active, sampling)
+            kill_point("generate", self.step)  # a turn of every episode done (credo/faults.py)
         return episodes
 
     def _parallel(self, fn, items) -> None:
@@ -255,7 +277,7 @@ def segment_entropy(top_logprobs, tokenizer, max_tokens: int = 20) -> float:
 
 def to_trajectory(ep: Episode, tokenizer) -> tuple[Trajectory, RewardResult]:
     finish = "eos" if ep.done and not ep.cut and not ep.env_failure else "length"
-    info = {"num_turns": len(ep.turns), "tool_calls": ep.tool_calls, "invalid_actions": ep.invalid_actions,
+    info = {"num_turns": ep.num_turns(), "tool_calls": ep.tool_calls, "invalid_actions": ep.invalid_actions,
             "env_failure": ep.env_failure, "success": ep.success, "cut": ep.cut, "env": ep.client.name,
             "branched_from": ep.branched_from, "fork_at": ep.fork_at, **(ep.tools.info() if ep.tools else {}),
             "prefill_tokens": ep.prefill_tokens, "kv_reused_tokens": ep.reused_tokens}
@@ -266,3 +288,19 @@ def to_trajectory(ep: Episode, tokenizer) -> tuple[Trajectory, RewardResult]:
     result = RewardResult(score=0.0 if ep.env_failure else ep.reward, correct=ep.success,
                           failed=bool(ep.env_failure), error=ep.env_failure, info=info)
     return traj, result
+
+
+def segment_trajectories(ep: Episode, tokenizer) -> list[tuple[Trajectory, RewardResult]]:
+    """The closed segments of an episode that was re-rendered (``Episode.rerender``; docs/templates.md), each a
+    training row with the episode's outcome (``info["closed_segment"]``: its index), before the episode's final
+    row :func:`to_trajectory` gives."""
+    traj, result = to_trajectory(ep, tokenizer)
+    out = []
+    for i, (prompt, response, mask, logprobs, turns) in enumerate(ep.segments):
+        info = {**traj.info, "closed_segment": i}
+        seg = Trajectory(example=ep.example, group_id=ep.group_id, prompt_ids=prompt, response_ids=response,
+                         rollout_logprobs=logprobs, response_mask=mask, finish_reason=traj.finish_reason,
+                         response_text=tokenizer.decode(response, skip_special_tokens=True), turns=turns, info=info)
+        out.append((seg, RewardResult(score=result.score, correct=result.correct, failed=result.failed,
+                                      error=result.error, info=info)))
+    return out

@@ -18,6 +18,7 @@ default; ``python -m pytest -m resume``, .ci/run's resume stage), the vLLM and R
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -33,6 +34,7 @@ from credo.tracking.metrics import read_metrics
 from tests.conftest import TINY_RUN
 from tests.recipes.test_resume import LENGTH, QUIET, VOLATILE
 
+REPO = Path(__file__).resolve().parents[2]
 POINTS = ("generate", "update", "checkpoint", "latest")
 KILLED = -signal.SIGKILL
 RUN_TIMEOUT_S = 600
@@ -50,6 +52,8 @@ class Mode:
     python: str = sys.executable
     marks: tuple = ()
     cells: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    volatile: tuple[str, ...] = ()  # more metrics that differ between identical runs (wall-clock durations)
+    exact: bool = True  # False: two uninterrupted runs already differ (:func:`check_same_course`)
 
 
 def kills(steps: int, *, generate: int | None = None, update: int | None = None) -> dict[str, str]:
@@ -105,6 +109,52 @@ def _replay_check(full: Path, cut: Path) -> None:
     assert all(r["replay/samples"] > 0 for r in rows(full) if "reward/mean" in r)
 
 
+def _agent_args(root: Path) -> list[str]:
+    """Multi-turn episodes against `credo env serve calc` over HTTP (one server for the mode's runs)."""
+    from tests.collect.test_agent_e2e import AGENT_RUN
+
+    return [*AGENT_RUN, *COMMON[len(TINY_RUN):], "checkpoint.save_final=true", "train.steps=3",
+            f"agent.server_urls={{calc: '{served('calc')}'}}"]
+
+
+def _agent_check(full: Path, cut: Path) -> None:
+    """The episodes reached the server (no env failure) and ran several turns."""
+    steps = [r for r in rows(full) if "agent/env_failures" in r]
+    assert len(steps) == 3 and all(r["agent/env_failures"] == 0 for r in steps)
+
+
+def _gateway_args(root: Path) -> list[str]:
+    """The gateway collector with a command agent (two calls per episode), scored by the run's verifier."""
+    from tests.collect.test_gateway import CMD, GATEWAY_RUN
+
+    return [*GATEWAY_RUN, *COMMON[len(TINY_RUN):], "checkpoint.save_final=true", "train.steps=3",
+            f"rollout.collector.command='{CMD} null'", "reward.name=tests.collect.gateway_agents:dense_verifier"]
+
+
+def _gateway_check(full: Path, cut: Path) -> None:
+    assert all(r["gateway/episodes"] == 4 and r["gateway/failed_episodes"] == 0 for r in rows(full)
+               if "gateway/episodes" in r)
+
+
+_SERVERS = contextlib.ExitStack()
+_URLS: dict[str, str] = {}
+
+
+def served(name: str) -> str:
+    """The URL of `credo env serve NAME` (tests/env_util.py), started on first use, stopped with the session."""
+    if name not in _URLS:
+        from tests.env_util import env_server
+
+        _URLS[name] = _SERVERS.enter_context(env_server(name))[0]
+    return _URLS[name]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_servers():
+    yield
+    _SERVERS.close()
+
+
 ASYNC = kills(4, generate=3)  # batch 3 is generated in the background while step 1 or 2 trains
 
 MODES: dict[str, Mode] = {
@@ -118,6 +168,9 @@ MODES: dict[str, Mode] = {
     "tree": Mode(lambda root: ["--config", "attnrl", *_args(LENGTH, "attnrl.max_prompts=6", steps=4)(root)],
                  kills(4), _tree_check),
     "replay": Mode(_replay_args, kills(3), _replay_check),
+    "agent_http_env": Mode(_agent_args, kills(3), _agent_check),
+    # not exact: see check_same_course
+    "gateway": Mode(_gateway_args, kills(3), _gateway_check, exact=False),
 }
 
 # the cells of the default suite (the others run in the resume tier only)
@@ -136,7 +189,7 @@ def credo(python: str, args: list[str], *, kill_at: str | None = None, env: dict
     if kill_at is not None:
         environ["CREDO_KILL_AT"] = kill_at
     proc = subprocess.Popen([python, "-m", "credo.cli.main", "-q", *args], env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=REPO)
     try:
         out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     finally:
@@ -148,8 +201,8 @@ def credo(python: str, args: list[str], *, kill_at: str | None = None, env: dict
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
-def rows(run: Path, file: str = "metrics.jsonl") -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(run / file)]
+def rows(run: Path, file: str = "metrics.jsonl", volatile: tuple[str, ...] = ()) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith((*VOLATILE, *volatile))} for r in read_metrics(run / file)]
 
 
 def final_tensors(run: Path) -> dict[str, torch.Tensor]:
@@ -176,6 +229,21 @@ def full_run(tmp_path_factory):
             _FULL[name] = (root / "full", args)
         return _FULL[name]
     return run
+
+
+def check_same_course(full: Path, cut: Path) -> None:
+    """The bound of a mode whose sampled tokens differ between two uninterrupted runs (the gateway: concurrent
+    agents' calls are batched by arrival time, and each engine call draws its own sampling key, so which tokens an
+    episode samples depends on timing; docs/guarantees.md, "Resume"): the resumed run consumed the same prompts in
+    the same steps and groups (nothing dropped or trained twice), logged the same metrics at the same steps and
+    saved weights of the same names and shapes; the values that depend on the samples are not compared."""
+    def prompts(run):
+        return [(r["step"], r["uid"], r["prompt"], r["group"]) for r in read_metrics(run / "rollouts.jsonl")]
+
+    assert prompts(cut) == prompts(full) and prompts(full)
+    assert [(r["step"], sorted(r)) for r in rows(cut)] == [(r["step"], sorted(r)) for r in rows(full)]
+    a, b = final_tensors(full), final_tensors(cut)
+    assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
 
 
 def check_died_at(point: str, spec: str, cut: Path) -> None:
@@ -217,9 +285,12 @@ def test_killed_and_resumed_run_ends_as_the_uninterrupted_run(name: str, point: 
     check_died_at(point, spec, cut)
     resumed = credo(mode.python, ["train", "--resume", str(cut)])
     assert resumed.returncode == 0, resumed.stdout[-4000:]
-    assert rows(cut) == rows(full)
-    assert rows(cut, "rollouts.jsonl") == rows(full, "rollouts.jsonl")
-    a, b = final_tensors(full), final_tensors(cut)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if mode.exact:
+        assert rows(cut, volatile=mode.volatile) == rows(full, volatile=mode.volatile)
+        assert rows(cut, "rollouts.jsonl") == rows(full, "rollouts.jsonl")
+        a, b = final_tensors(full), final_tensors(cut)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    else:
+        check_same_course(full, cut)
     if mode.check is not None:
         mode.check(full, cut)
