@@ -162,6 +162,19 @@ def test_cli_json_and_table(tmp_path, capsys):
     assert "first diverging layer" not in text
 
 
+def test_cli_reads_a_model_directory_and_refuses_a_missing_one(setup, tmp_path, capsys):
+    from credo.models.build import save_model
+
+    _, model, tok = setup
+    save_model(model, tok, tmp_path / "policy")
+    assert main(["parity", str(tmp_path / "policy"), "--rows", "2", "--no-layers", "--json", *OVERRIDES]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"] == str(tmp_path / "policy") and report["worst_out_of_range"] == 0.0
+    assert max(v["max_abs"] for v in report["variants"]) < F32_TOL
+    assert main(["parity", str(tmp_path / "missing"), "--rows", "2"]) == 1
+    assert "not a Hugging Face model directory" in capsys.readouterr().err
+
+
 def test_cli_gate_fails_on_an_engine_that_misreports_its_logprobs(monkeypatch, capsys):
     """An engine bug injected (every behaviour log-prob 0.5 too high): --max-out-of-range exits 1."""
     sample = HFRolloutEngine._sample
