@@ -183,12 +183,15 @@ def hf_runs(model, tokenizer, prefixes, sp: SamplingParams, key: int, want_layer
     runs = []
     sessions = [KVSession() for _ in prefixes] if engine.kv_sessions else None
     conts = engine.continue_ids(prefixes, sp, stream=(key, 0), sessions=sessions)
-    runs.append(EngineRun("batch", "one call, all rows (lean decode, shared prefill of repeated prompts)",
+    runs.append(EngineRun("batch", "one call, all rows (one prefill per distinct prompt)",
                           batch_of(prefixes, conts, pad_id=pad, temperature=temp)))
-    states = None
-    if want_layers:
-        row_conts, states = engine_layer_states(engine, prefixes, sp, key)
-    else:
+    states: Any = None
+    try:
+        if want_layers:
+            row_conts, states = engine_layer_states(engine, prefixes, sp, key)
+    except NotImplementedError as e:  # not a Llama-family backbone: no engine-side layer states
+        states = str(e)
+    if not isinstance(states, torch.Tensor):
         row_conts = [engine.continue_ids([p], sp, stream=(key, i))[0] for i, p in enumerate(prefixes)]
     runs.append(EngineRun("rows_1", "each row decoded alone", batch_of(prefixes, row_conts, pad_id=pad,
                                                                        temperature=temp)))
@@ -316,7 +319,10 @@ def layer_report(model, batch, variants: list[TrainerVariant], engine_states, op
     decode against the trainer's padded forward of the same tokens."""
     from credo.inspect.parity_layers import decoder_layers
 
-    names = layer_names(len(decoder_layers(model)[1]))
+    try:
+        names = layer_names(len(decoder_layers(model)[1]))
+    except NotImplementedError as e:
+        return {"names": [], "tol": opts.layer_tol, "comparisons": [], "note": f"not localised: {e}"}
     ref = trainer_layer_states(model, batch, variants[0].opts)
     out: list[dict] = []
     for v in variants[1:]:
@@ -330,6 +336,8 @@ def layer_report(model, batch, variants: list[TrainerVariant], engine_states, op
     if opts.engine == "vllm":
         note = ("vLLM does not expose per-layer hidden states: the engine side is not localised, only the trainer "
                 "variants against each other (docs/parity.md)")
+    elif engine_states is not None and isinstance(engine_states[1], str):
+        out.append({"a": "trainer:padded", "b": "engine:rows_1 (HF)", "skipped": engine_states[1]})
     elif engine_states is not None:
         conts, states = engine_states
         rows_batch = batch_of(prefixes, conts, pad_id=pad_id, temperature=batch.temperature)

@@ -149,6 +149,20 @@ def test_an_engine_on_other_weights_is_out_of_range_and_localised(setup):
     assert same["first_diverging"] is None, same
 
 
+def test_a_backbone_without_the_llama_layout_is_measured_but_not_localised(setup, monkeypatch):
+    import credo.inspect.parity_layers as pl
+
+    def refuse(model):
+        raise NotImplementedError("no embed_tokens / layers / norm")
+
+    monkeypatch.setattr(pl, "decoder_layers", refuse)
+    cfg, model, tok = setup
+    report = measure(model, tok, cfg, ParityOptions(rows=2))
+    assert report["layers"]["note"] == "not localised: no embed_tokens / layers / norm"
+    assert report["layers"]["comparisons"] == [] and report["worst_out_of_range"] == 0.0
+    assert "engine:rows_1" in _by_name(report)
+
+
 def test_cli_json_and_table(tmp_path, capsys):
     out = tmp_path / "parity.json"
     assert main(["parity", "tiny", "--rows", "4", "--json", "--out", str(out), "--max-out-of-range", "0",
