@@ -40,9 +40,9 @@ class ToolsConfig:
                              "template for character models (credo.tools.render.CHAR_TOOL_TEMPLATE); credo: always "
                              "credo's", choices=("auto", "credo"))
     render: str = opt("auto", "how an episode's ids are built (docs/templates.md): append = token ids appended turn by "
-                      "turn; auto = append, after checking the chat template's extension property (credo template "
-                      "check; a refuted template is logged, recorded in template_check.json and metric "
-                      "render/extension_holds); rerender is refused in the agent loop (the gateway re-renders)",
+                      "turn; rerender = the conversation rendered afresh before each turn (where it does not extend "
+                      "the ids held, they become a training row of their own); auto = append when the chat "
+                      "template's extension property holds (credo template check), rerender when it is refuted",
                       choices=("auto", "append", "rerender"))
 
 

@@ -50,19 +50,18 @@ def call_action(call: ToolCall) -> str:
 
 def choose_render(renderer: ToolRenderer, render: str = "auto") -> tuple[bool, Any]:
     """(append-only ids?, the template's verdict or None) for ``rollout.collector.tools.render`` (docs/templates.md):
-    ``append`` appends ids turn by turn; ``auto`` checks the template's extension property
-    (credo.tools.template_check) and appends when it holds; ``rerender`` and a refuted ``auto`` would re-render
-    the history each turn, which the agent loop does not implement (its episode is one growing list of ids): a
-    refuted ``auto`` keeps append-only ids and says so (log, metric ``render/append_only``, the run directory's
-    template_check.json); ``rerender`` is refused."""
-    from credo.config.validate import ConfigError
+    ``append`` appends ids turn by turn; ``rerender`` renders the conversation afresh before each turn (where the
+    render does not extend the ids held, they become a closed training row and the episode continues from the
+    render: credo.rollout.agent_loop.Episode.rerender); ``auto`` checks the template's extension property
+    (credo.tools.template_check) once per process, appends when it holds and re-renders when it is refuted. The
+    choice is logged, written to the run directory's template_check.json and reported as ``render/append_only``."""
     from credo.tools.template_check import check
 
-    if render == "rerender":
-        raise ConfigError("rollout.collector.tools.render=rerender: not implemented in the agent loop (an episode is "
-                          "one growing list of ids); the gateway collector re-renders (rollout.collector.render)")
     if render == "append":
         return True, None
+    if render == "rerender":
+        log.info("chat template: render=rerender: the agent loop re-renders the conversation before each turn")
+        return False, None
     seen = _VERDICTS.setdefault(renderer.tokenizer, {})
     verdict = seen.get(renderer.chat_template)
     if verdict is None:
@@ -77,10 +76,10 @@ def choose_render(renderer: ToolRenderer, render: str = "auto") -> tuple[bool, A
             log.info("chat template: the extension property holds (%s); the agent loop appends ids turn by turn",
                      verdict.summary())
         else:
-            log.warning("chat template: the extension property is refuted: %s. The agent loop has no re-render "
-                        "mode and keeps append-only ids (metric render/append_only, tools/render_mismatch)",
-                        verdict.summary())
-    return True, verdict
+            log.warning("chat template: the extension property is refuted: %s. The agent loop re-renders the "
+                        "conversation before each turn (render/append_only 0; rollout.collector.tools.render=append "
+                        "keeps append-only ids)", verdict.summary())
+    return verdict.holds, verdict
 
 
 # tokenizer -> {template: verdict}: each checked once per process (a loop is built per step)
@@ -96,6 +95,16 @@ class ToolMode:
     parser: ToolParser
     append_only: bool = True
     verdict: Any = None  # credo.tools.template_check.Verdict, None when not checked (render=append)
+
+    def rerender_prompt(self, state: ToolState) -> list[int]:
+        """The conversation so far rendered afresh, without the generation prompt (the loop appends the assistant
+        prefix); NotImplementedError for a template whose generation prompt is not that prefix appended."""
+        r = self.renderer
+        ids = r.render(state.messages, state.schemas)
+        if r.render(state.messages, state.schemas, generation_prompt=True) != ids + r.assistant_prefix:
+            raise NotImplementedError("re-rendering a chat template whose generation prompt is not its assistant "
+                                      "prefix appended to the render is not implemented (docs/templates.md)")
+        return ids
 
     def record(self, run_dir) -> None:
         """Write the render choice and the template's verdict to ``run_dir/template_check.json``."""

@@ -163,12 +163,11 @@ def test_cli_on_a_tokenizer_directory_and_bad_input(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the agent loop and the gateway
 
 
-def test_the_agent_collector_records_the_verdict_and_refuses_rerender(tmp_path, caplog):
+def test_the_agent_collector_records_the_verdict(tmp_path, caplog):
     import logging
 
     from credo.collect.agent import tool_mode
     from credo.collect.config import AgentCollectorConfig, ToolsConfig
-    from credo.config.validate import ConfigError
     from credo.rollout.tool_episode import ToolState, tool_metrics
     from tests.tools.tool_templates import chat_tokenizer
 
@@ -177,21 +176,103 @@ def test_the_agent_collector_records_the_verdict_and_refuses_rerender(tmp_path, 
     assert holds.append_only and holds.verdict.holds
     with caplog.at_level(logging.WARNING):
         refuted = tool_mode(a, chat_tokenizer(THINK_STRIPPING))
-    assert refuted.append_only and refuted.verdict.cause == "reasoning_stripped"  # no re-render mode: said so
-    assert any("extension property is refuted" in r.message for r in caplog.records)
+    assert not refuted.append_only and refuted.verdict.cause == "reasoning_stripped"  # auto: re-render
+    assert any("extension property is refuted" in r.message and "re-renders" in r.message for r in caplog.records)
     refuted.record(tmp_path)
     saved = json.loads((tmp_path / "template_check.json").read_text())
-    assert saved["append_only"] is True and saved["verdict"]["divergence"]["cause"] == "reasoning_stripped"
+    assert saved["append_only"] is False and saved["verdict"]["divergence"]["cause"] == "reasoning_stripped"
     state, _ = refuted.start(_Client(), "instr", "obs")
-    assert state.info()["extension_holds"] is False and state.info()["append_only"] is True
+    assert state.info()["extension_holds"] is False and state.info()["append_only"] is False
     m = tool_metrics([state.info(), ToolState(extension_holds=True).info()])
-    assert m["render/append_only"] == 1.0 and m["render/extension_holds"] == 0.0
-    plain = tool_mode(AgentCollectorConfig(envs=["calc_tools"], tools=ToolsConfig(render="append")),
-                      chat_tokenizer(THINK_STRIPPING))
-    assert plain.append_only and plain.verdict is None
-    with pytest.raises(ConfigError, match="rerender: not implemented in the agent loop"):
-        tool_mode(AgentCollectorConfig(envs=["calc_tools"], tools=ToolsConfig(render="rerender")),
-                  chat_tokenizer(QWEN25))
+    assert m["render/append_only"] == 0.5 and m["render/extension_holds"] == 0.0
+
+    def mode(render, template):
+        return tool_mode(AgentCollectorConfig(envs=["calc_tools"], tools=ToolsConfig(render=render)),
+                         chat_tokenizer(template))
+
+    assert mode("append", THINK_STRIPPING).append_only and mode("append", THINK_STRIPPING).verdict is None
+    assert not mode("rerender", QWEN25).append_only and mode("rerender", QWEN25).verdict is None
+
+
+def _tool_loop(template: str, append_only: bool):
+    from credo.envs import LocalEnvClient
+    from credo.envs.builtin import safe_eval
+    from credo.rollout.agent_loop import AgentLoop
+    from credo.rollout.tool_episode import ToolMode
+    from credo.tools.parsers import ToolCall, get_parser
+    from credo.tools.render import ToolRenderer
+    from tests.tools.test_tool_calls import Scripted
+    from tests.tools.tool_templates import chat_tokenizer
+
+    tok = chat_tokenizer(template)
+    expr = LocalEnvClient("calc_tools").reset(3)
+    call = "<think>add them</think>" + get_parser("hermes").format([ToolCall("calc", {"expr": expr})])
+    mode = ToolMode(ToolRenderer(tok), get_parser("hermes"), append_only=append_only)
+    engine = Scripted(tok, mode.renderer.end_of_turn, lambda k, _: call if k == 1 else str(safe_eval(expr)))
+    loop = AgentLoop(engine, tok, mode.template(), max_turns=3, max_tokens_per_turn=400, max_response_tokens=4000,
+                     threads=1, tools=mode)
+    return tok, mode, loop, LocalEnvClient("calc_tools")
+
+
+def test_rerender_splits_an_episode_where_the_template_rewrites_its_history():
+    """A think-stripping template re-rendered before turn 2: the ids held (turn 1 with its <think> block) become a
+    closed row, and turn 2 is generated from, and trained after, the fresh render (no <think>)."""
+    from credo.rollout.agent_loop import segment_trajectories, to_trajectory
+    from tests.tools.test_tool_calls import _examples
+    from credo.types import SamplingParams
+
+    tok, mode, loop, client = _tool_loop(THINK_STRIPPING, append_only=False)
+    (ep,) = loop.run(_examples("calc_tools", [3]), [client], [0], SamplingParams())
+    final, result = to_trajectory(ep, tok)
+    [(seg, seg_result)] = segment_trajectories(ep, tok)
+    assert result.correct and seg_result.correct and seg.info["closed_segment"] == 0
+    assert final.info["num_turns"] == 2 and len(final.turns) == 1 and len(seg.turns) == 1
+    assert "<think>add them</think>" in tok.decode(seg.response_ids)  # the model's own tokens, trained on
+    rendered = mode.renderer.render(ep.tools.messages[:4], ep.tools.schemas)  # up to the tool result
+    assert final.prompt_ids == rendered and "<think>" not in tok.decode(final.prompt_ids)
+    assert final.prompt_ids[:len(seg.prompt_ids)] == seg.prompt_ids  # the same start, another history
+    assert not final.info["render_mismatch"] and final.info["append_only"] is False
+    # the same episode append-only: one row that keeps <think> in its history (the re-render check counts it)
+    tok, _, loop, client = _tool_loop(THINK_STRIPPING, append_only=True)
+    (ep,) = loop.run(_examples("calc_tools", [3]), [client], [0], SamplingParams())
+    assert not ep.segments and to_trajectory(ep, tok)[0].info["render_mismatch"]
+    # a template that extends: re-rendering changes nothing
+    tok, _, loop, client = _tool_loop(QWEN25, append_only=False)
+    (ep,) = loop.run(_examples("calc_tools", [3]), [client], [0], SamplingParams())
+    assert not ep.segments and len(ep.turns) == 2
+
+
+def test_the_collector_trains_on_every_segment_and_reports_the_choice():
+    from credo.collect.agent import AgentOptions, collect_agent_rollouts, tool_mode
+    from credo.collect.config import AgentCollectorConfig
+    from credo.data import PromptSampler
+    from credo.envs import LocalEnvClient
+    from credo.envs.builtin import safe_eval
+    from credo.tools.parsers import ToolCall, get_parser
+    from credo.tracking.timer import Timer
+    from credo.types import SamplingParams
+    from tests.tools.test_tool_calls import Scripted, _examples
+    from tests.tools.tool_templates import chat_tokenizer
+
+    a = AgentCollectorConfig(envs=["calc_tools"], max_turns=3, max_tokens_per_turn=400, max_response_tokens=4000,
+                             threads=1)
+    opts = AgentOptions(collector=a, group_size=2, prompts_per_step=1, eval_k=1, eval_temperature=1.0, task_seed=0,
+                        train_size=4, eval_size=2)
+    expr = LocalEnvClient("calc_tools").reset(3)
+    call = "<think>add them</think>" + get_parser("hermes").format([ToolCall("calc", {"expr": expr})])
+    out = {}
+    for name, template in (("holds", QWEN25), ("refuted", THINK_STRIPPING)):
+        tok = chat_tokenizer(template)
+        engine = Scripted(tok, tool_mode(a, tok).renderer.end_of_turn,
+                          lambda k, _: call if k == 1 else str(safe_eval(expr)))
+        out[name] = collect_agent_rollouts(opts, engine, tok, PromptSampler(_examples("calc_tools", [3]), seed=0),
+                                           step=0, sampling=SamplingParams(), timer=Timer())
+    holds, refuted = out["holds"], out["refuted"]
+    assert len(holds.trajs) == 2 and holds.metrics["render/append_only"] == 1.0
+    assert holds.metrics["render/extension_holds"] == 1.0 and holds.metrics["render/rows_per_episode"] == 1.0
+    assert len(refuted.trajs) == 4 and refuted.metrics["render/append_only"] == 0.0  # 2 rows per episode
+    assert refuted.metrics["render/extension_holds"] == 0.0 and refuted.metrics["render/rows_per_episode"] == 2.0
+    assert refuted.metrics["agent/success_rate"] == 1.0 and all(r.correct for r in refuted.results)
 
 
 class _Client:
