@@ -94,6 +94,8 @@ def render(report: dict) -> str:
         notes = [f"{k}={v[k]}" for k in ("reused_tokens", "cached_tokens", "prefix_caching") if k in v]
         if v.get("vs_padded_max_abs") is not None:
             notes.insert(0, f"vs padded {v['vs_padded_max_abs']:.1e}")
+        if v["name"].startswith("trainer:shared_prompt") and not report["shared_prompts"]:
+            notes.append("no two rows share a prompt: the padded forward")
         lines.append(f"{v['name']:<30} {v['tokens']:>6} {_num(v['mean_abs']):>9} {_num(v['p99_abs']):>9} "
                      f"{_num(v['max_abs']):>9} {_num(v['out_of_range'], '.2%'):>8}  {', '.join(notes)}")
     layers = report.get("layers")
