@@ -284,7 +284,7 @@ class _Client:
 
 @pytest.mark.parametrize("render, template, append_only", [
     ("auto", QWEN25, True), ("auto", THINK_STRIPPING, False), ("append", THINK_STRIPPING, True),
-    ("rerender", QWEN25, False)])
+    ("rerender", QWEN25, False)], ids=["auto-holds", "auto-refuted", "append", "rerender"])
 def test_the_gateway_follows_the_verdict(render, template, append_only):
     """auto substitutes the sampled ids when the property holds and renders each request whole when refuted: a
     think-stripping template's two calls are then two rows (their prompts do not extend each other)."""
@@ -309,3 +309,20 @@ def test_the_gateway_follows_the_verdict(render, template, append_only):
     stripped = template == THINK_STRIPPING
     assert rec.calls[1].reused_call == (0 if append_only else None)
     assert len(segments) == (2 if stripped and not append_only else 1)
+
+
+def test_cli_on_a_hub_id_in_the_local_cache(tmp_path, monkeypatch, capsys):
+    """A hub id resolves through credo's hub resolution to the offline cache (credo.models.hub)."""
+    from tests.hub_util import add_snapshot
+
+    saved = tmp_path / "tok"
+    _tok(THINK_STRIPPING).save_pretrained(saved)
+    cache = tmp_path / "hub"
+    add_snapshot(cache, "acme/think-chat", {p.name: p for p in saved.iterdir() if p.is_file()})
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["template", "check", "acme/think-chat"]) == 1
+    out = capsys.readouterr().out
+    assert "tokenizer: acme/think-chat" in out and "refuted (reasoning_stripped)" in out
+    assert main(["template", "check", "acme/not-cached"]) == 2
+    assert "not in the hub cache" in capsys.readouterr().err
