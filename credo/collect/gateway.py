@@ -293,12 +293,17 @@ class GatewayCollector:
 
     def start(self, run_dir: Path) -> None:
         """Nothing to prepare before the first step (the gateway starts at the first collection, resumed runs
-        included)."""
+        included); its render choice is written to ``run_dir/template_check.json`` then (docs/templates.md)."""
+        self.run_dir = run_dir
 
     def _gateway(self):
         if self.gateway is None:
             self.gateway = make_gateway(self.engine, self.tokenizer, self.opts.collector, self.opts.sampling)
             weakref.finalize(self, self.gateway.stop)
+            if getattr(self, "run_dir", None) is not None:
+                verdict = self.gateway.verdict
+                body = {"append_only": self.gateway.append_only, "verdict": verdict.to_dict() if verdict else None}
+                (Path(self.run_dir) / "template_check.json").write_text(json.dumps(body, indent=2) + "\n")
         return self.gateway
 
     def collect(self, step: int, timer) -> Rollouts:

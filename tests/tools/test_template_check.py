@@ -326,3 +326,17 @@ def test_cli_on_a_hub_id_in_the_local_cache(tmp_path, monkeypatch, capsys):
     assert "tokenizer: acme/think-chat" in out and "refuted (reasoning_stripped)" in out
     assert main(["template", "check", "acme/not-cached"]) == 2
     assert "not in the hub cache" in capsys.readouterr().err
+
+
+def test_a_gateway_run_records_its_render_choice(tmp_path):
+    """``credo train`` with the gateway collector: template_check.json in the run directory, render/append_only in
+    metrics.jsonl (credo's character template extends its renders: append)."""
+    from credo.tracking.metrics import read_metrics
+    from tests.collect.test_gateway import train
+
+    code, run = train(tmp_path, "render", "rollout.collector.agent=tests.collect.gateway_agents:openai_tools")
+    assert code == 0
+    saved = json.loads((run / "template_check.json").read_text())
+    assert saved["append_only"] is True and saved["verdict"]["holds"] is True
+    assert [row["render/append_only"] for row in read_metrics(run / "metrics.jsonl") if "render/append_only" in row] \
+        == [1.0]
