@@ -26,6 +26,10 @@ TINY_RUN = [
     "rollout.group_size=4", "train.prompts_per_step=4", "rollout.max_new_tokens=8", "warm_start.steps=3",
     "warm_start.batch_size=8", "eval.k=2", "reward.workers=1", "train.threads=1",
 ]
+# ... without the warm start (credo train refuses the warm_start.* keys it would not read: credo.config.reads)
+TINY_COLD = [a for a in TINY_RUN if not a.startswith("warm_start.")] + ["warm_start.enabled=false"]
+# ... for a model.path: the sizes of a freshly built model are not read either
+TINY_PRETRAINED = [a for a in TINY_COLD if not a.startswith("model.")]
 
 
 def full_and_resumed_runs(tmp_path, monkeypatch, args: list[str], *, stop_at: int):

@@ -299,11 +299,11 @@ def test_busy_sandbox_worker_dies_with_the_parent(tmp_path, unsafe):
 def test_credo_train_leaves_no_verifier_worker_behind(tmp_path, sig):
     """`credo train` with a verifier that hangs ignoring SIGTERM: kill -9 / SIGTERM of the trainer while the
     verifier runs leaves no worker, no guardian and no child of the verifier behind."""
-    from tests.conftest import TINY_RUN
+    from tests.conftest import TINY_COLD
 
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    args = [*TINY_RUN, "train.steps=2", "warm_start.enabled=false", "eval.every=0", "log.report=false",
+    args = [*TINY_COLD, "train.steps=2", "warm_start.enabled=false", "eval.every=0", "log.report=false",
             "log.tensorboard=false", "reward.name=tests.test_procs:hang_forever",
             f"reward.kwargs={{pid_dir: {pid_dir}}}", "reward.timeout_s=600", "reward.executor=process"]
     trainer = subprocess.Popen([sys.executable, "-m", "credo.cli.main", "train", "--run-dir", str(tmp_path / "run"),

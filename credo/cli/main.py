@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from credo.recipes.cli_common import config_args, no_half_made_run_dir, run_dir_args, target_run_dir
-from credo.config import ConfigError, load_config
+from credo.config import ConfigError, load_config, load_run_config
 from credo.procs import exit_now_if_stuck
 from credo.recipes.preflight import preflight
 from credo.errors import RunStopped
@@ -37,6 +37,7 @@ from credo.plan import cli as plan_cli
 from credo.tools import template_cli
 from credo.methods.rlep import cli as rlep_cli
 from credo.cli import export as export_cli
+from credo.cli import config_show
 
 EXIT_CONFIG = 2
 
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cli.add_commands(sub)  # credo plan --config X --gpus N --gpu-mem-gb M (credo.plan)
     template_cli.add_commands(sub)  # credo template check MODEL_OR_TEMPLATE (credo.tools.template_check)
     parity_cli.add_commands(sub)  # credo parity MODEL [--engine hf|vllm] (credo.inspect.parity)
+    config_show.add_commands(sub)  # credo config show [--config P] [key=value ...] (credo.config.reads)
     add_run_tools(sub)
     add_service_commands(sub)
     return parser
@@ -225,11 +227,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_run_dir(run_dir, "--resume")  # no links out of the run (credo.tracking.rundir)
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"{run_dir} is not a credo run directory (no config.yaml)")
-        cfg = load_config(str(run_dir / "config.yaml"), args.overrides, untrusted_dir=run_dir)
+        cfg = load_run_config(str(run_dir / "config.yaml"), args.overrides, untrusted_dir=run_dir)
         preflight(cfg, run_dir=run_dir, run_dir_key="--resume", resume=True)
         train(cfg, run_dir=run_dir, resume=True)
     else:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_run_config(args.config, args.overrides)
         preflight(cfg, run_dir=Path(args.run_dir) if args.run_dir else None)
         with no_half_made_run_dir(target_run_dir(cfg, args.run_dir, f"{cfg.task.name}-{cfg.algo.policy_loss}")):
             run_dir = train(cfg, run_dir=Path(args.run_dir) if args.run_dir else None, overwrite=args.overwrite)

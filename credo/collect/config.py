@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass
 
 from credo.config.fields import opt, type_key
+from credo.config.reads import READERS, Reader
 from credo.config.validate import ConfigError, did_you_mean, register_validator, wrap
 
 
@@ -19,13 +20,16 @@ class RemoteEnvConfig:
                           "maze, wordle, alfworld, webshop, sqlgym, or one a plugin registered; trained as "
                           "agentgym:<env>; null = none")
     url: str | None = opt(None, "base URL of its server, e.g. http://127.0.0.1:36001")
-    train_ids: list | None = opt(None, "[lo, hi): training task ids drawn from this range (null = the adapter's)")
-    eval_ids: list | None = opt(None, "[lo, hi): held-out task ids, in order (null = the adapter's)")
-    instruction: str | None = opt(None, "what the agent is told before the first observation (null = the adapter's)")
+    train_ids: list | None = opt(None, "[lo, hi): training task ids drawn from this range (null = the adapter's)",
+                                 read_if="remote_env")
+    eval_ids: list | None = opt(None, "[lo, hi): held-out task ids, in order (null = the adapter's)",
+                                read_if="remote_env")
+    instruction: str | None = opt(None, "what the agent is told before the first observation (null = the adapter's)",
+                                  read_if="remote_env")
     contract: dict = opt(None, "adapter fields to override: prefix, id_field, reset_field, reset_extra, create_body, "
                          "action (line|after|react|sql), first_observation, reset_text, observation_field, "
                          "reward_field, done_field, reward (last|sum), success (reward|done) (docs/agents.md)",
-                         factory=dict)
+                         factory=dict, read_if="remote_env")
 
 
 @dataclass
@@ -63,8 +67,8 @@ class AgentCollectorConfig:
                           factory=list)
     max_turns: int = opt(4, "turn cap per episode (fixed horizon)", min=1)
     horizon_schedule: str = opt("fixed", "ScalingInter-RL: fixed or stepwise", choices=("fixed", "stepwise"))
-    horizon_rounds: list = opt(None, "stepwise horizons, e.g. [2, 4, 6]", factory=list)
-    horizon_period: int = opt(100, "steps per stepwise horizon stage", min=1)
+    horizon_rounds: list = opt(None, "stepwise horizons, e.g. [2, 4, 6]", factory=list, read_if="stepwise_horizon")
+    horizon_period: int = opt(100, "steps per stepwise horizon stage", min=1, read_if="stepwise_horizon")
     eval_max_turns: int | None = opt(None, "turn cap at evaluation (null = the largest training horizon)", min=1)
     max_tokens_per_turn: int = opt(24, "generated tokens per assistant turn", min=1)
     max_response_tokens: int = opt(256, "token budget of a whole episode after the prompt", min=8)
@@ -73,8 +77,8 @@ class AgentCollectorConfig:
                          "(HF engine, Llama-family models; vLLM reuses through its prefix cache); false re-prefills "
                          "the history every turn")
     timeout_s: float = opt(30.0, "whole-call deadline of each HTTP environment request (connect to the reply's "
-                           "last byte; a reply is capped at 8 MiB)", min=0.01)
-    retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0)
+                           "last byte; a reply is capped at 8 MiB)", min=0.01, read_if="http_envs")
+    retries: int = opt(2, "retries of idempotent HTTP environment calls", min=0, read_if="http_envs")
     max_env_failure_share: float = opt(0.5, "stop the run when more than this share of a training step's episodes "
                                        "failed in the environment (server error, timeout, bad answer); such episodes "
                                        "are never trained on (1 = never stop)", min=0.0, max=1.0)
@@ -83,7 +87,7 @@ class AgentCollectorConfig:
     template: str = opt("auto", "turn template: plain (credo's character models), chat (tokenizer's chat "
                         "template) or auto", choices=("auto", "plain", "chat"))
     branching: str = opt("none", "branching rollouts: none, arpo or aepo", choices=("none", "arpo", "aepo"))
-    branch_args: dict = opt(None, "branching hyperparameters (docs/agents.md)", factory=dict)
+    branch_args: dict = opt(None, "branching hyperparameters (docs/agents.md)", factory=dict, read_if="branching")
     stop_at_action: bool = opt(False, "end each assistant turn at the closing tag of its action (e.g. </move>), as "
                                "ARPO stops at </python>; default: the model ends turns with its end-of-turn token")
     turn_cost: float = opt(0.0, "training reward shaping: subtracted per assistant turn (0 = the env's outcome "
@@ -91,7 +95,7 @@ class AgentCollectorConfig:
     invalid_action_cost: float = opt(0.0, "training reward shaping: subtracted per turn without a parseable action",
                                      min=0.0)
     tools: ToolsConfig = opt(None, "structured tool calling: the call parser and chat template (tools "
-                             "environments only)", factory=ToolsConfig)
+                             "environments only)", factory=ToolsConfig, read_if="tool_envs")
 
 
 @dataclass
@@ -168,6 +172,25 @@ def remote_adapter(a: AgentCollectorConfig, env: str):
 
 
 # ----------------------------------------------------------------------------- load-time checks
+
+def _tool_envs(cfg) -> bool:
+    from credo.envs import get_env_spec
+
+    a = cfg.rollout.collector
+    return any(get_env_spec(e).tools for e in a.envs if isinstance(e, str))
+
+
+# the readers of this section's conditional keys (credo.config.reads: no silent no-ops)
+READERS.add("stepwise_horizon", Reader(lambda c: c.rollout.collector.horizon_schedule == "stepwise",
+                                       "rollout.collector.horizon_schedule=stepwise"))
+READERS.add("branching", Reader(lambda c: c.rollout.collector.branching != "none",
+                                "rollout.collector.branching=arpo or aepo"))
+READERS.add("remote_env", Reader(lambda c: c.rollout.collector.remote.env is not None
+                                 or c.rollout.collector.remote.url is not None,
+                                 "rollout.collector.remote.env or url (an AgentGym server)"))
+READERS.add("http_envs", Reader(lambda c: bool(c.rollout.collector.server_urls) or READERS.get("remote_env").when(c),
+                                "environments over HTTP (rollout.collector.server_urls or remote)"))
+READERS.add("tool_envs", Reader(_tool_envs, "structured-tools environments in rollout.collector.envs"))
 
 @register_validator("rollout.collector.agent")
 def validate_agent(cfg) -> None:

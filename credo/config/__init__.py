@@ -5,6 +5,8 @@ from credo.config.loader import (
     config_to_dict,
     dump_config,
     load_config,
+    load_config_sources,
+    load_run_config,
     parse_override,
     resolve_preset,
 )
@@ -29,5 +31,5 @@ from credo.config.schema import (
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "ConfigError", "CriticConfig", "EntropySelectConfig", "EvalConfig", "GroupCollectorConfig", "LogConfig", "ModelConfig", "NoSelectConfig", "RewardConfig",
     "RolloutConfig", "RunConfig", "TaskConfig", "TrainConfig", "WarmStartConfig", "config_from_dict",
-    "config_to_dict", "dump_config", "load_config", "parse_override", "resolve_preset",
+    "config_to_dict", "dump_config", "load_config", "load_config_sources", "load_run_config", "parse_override", "resolve_preset",
 ]

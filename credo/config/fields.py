@@ -14,8 +14,12 @@ from typing import Any
 
 
 def opt(default: Any, help: str = "", *, choices: tuple | None = None, min: float | None = None,
-        max: float | None = None, factory: Any = None):
+        max: float | None = None, factory: Any = None, read_if: str | tuple[str, ...] | None = None):
+    """A config key: its default (or ``factory``), help text, allowed values and bounds; ``read_if`` names the
+    reader(s) that read it when only some runs do (:mod:`credo.config.reads`)."""
     meta = {"help": help, "choices": choices, "min": min, "max": max}
+    if read_if is not None:
+        meta["read_if"] = read_if
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

@@ -8,6 +8,7 @@ validators registered beside the configs they check (a method's in its own packa
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -36,19 +37,42 @@ HUB_ID_KEYS = ("model.path", "critic.path")  # of those, the keys that may name 
 
 def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
                 root: type = RunConfig, untrusted_dir: str | Path | None = None) -> Any:
+    """:func:`load_config_sources` without the sources."""
+    return load_config_sources(path, overrides, root=root, untrusted_dir=untrusted_dir)[0]
+
+
+def load_run_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                    untrusted_dir: str | Path | None = None) -> RunConfig:
+    """:func:`load_config` for ``credo train``: a key the run will not read is refused (or, harmless, warned
+    about) by :func:`credo.config.reads.check_reads` (no silent no-ops, docs/guarantees.md)."""
+    from credo.config.reads import check_reads
+
+    cfg, sources = load_config_sources(path, overrides, untrusted_dir=untrusted_dir)
+    check_reads(cfg, sources)
+    return cfg
+
+
+def load_config_sources(path: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                        root: type = RunConfig, untrusted_dir: str | Path | None = None
+                        ) -> tuple[Any, dict[str, str]]:
     """Defaults <- YAML preset (``path`` or a preset name in ``configs/``) <- ``key=value`` overrides, as a
     ``root`` (:class:`RunConfig` for ``credo train``; ``credo rm train`` has its own root).
 
     Relative input paths in the preset (:data:`PRESET_PATH_KEYS`) are relative to the preset's folder
     (:func:`resolve_preset_paths`); paths in overrides are used as given (relative to the working directory).
     Keys of the older layout are mapped to their new places with a deprecation notice (:mod:`credo.config.legacy`).
-    ``untrusted_dir`` (a resumed run's directory): no plugin module may be imported from inside it."""
+    ``untrusted_dir`` (a resumed run's directory): no plugin module may be imported from inside it.
+    Returns the config and each key's source (``default``, ``preset`` or ``override``; :mod:`credo.config.reads`)."""
+    from credo.config.reads import flat_paths, key_sources
+
     rm_sections = "refuse" if root is RunConfig else "keep"
     data: dict[str, Any] = {}
+    given: set[str] = set()
     try:
         if path:
             preset = resolve_preset(path)
             data = legacy.upgrade(resolve_preset_paths(read_yaml(preset), preset), rm_sections=rm_sections)
+        from_preset, preset_data = flat_paths(data), copy.deepcopy(data) if path else None
         old: dict[str, Any] = {}
         for item in overrides:
             key, value = parse_override(item)
@@ -59,13 +83,25 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
             if key.endswith("+"):  # key+=value: append to a list (--plugin M is plugins+=M)
                 key, value = key[:-1].strip(), _appended(data, key[:-1].strip(), value)
             set_dotted(old if legacy.is_legacy_key(key) else data, key, value)
+            given.add(key)
         if old:
-            legacy.merge(data, legacy.upgrade_overrides(old, data))
+            upgraded = legacy.upgrade_overrides(old, data)
+            given |= flat_paths(upgraded)
+            legacy.merge(data, upgraded)
     except legacy.LegacyError as exc:
         raise ConfigError(str(exc)) from None
     if root is RunConfig:
         import_plugins(data.get("plugins"), untrusted_dir=untrusted_dir)
-    return config_from_dict(data, root=root)
+    cfg = config_from_dict(data, root=root)
+    return cfg, key_sources(cfg, from_preset, given, preset_cfg=_preset_alone(preset_data, root) if path else None)
+
+
+def _preset_alone(data: dict[str, Any] | None, root: type) -> Any:
+    """The preset built without the overrides (what it reads on its own), or None when it does not build alone."""
+    try:
+        return None if data is None else config_from_dict(data, root=root)
+    except ConfigError:
+        return None
 
 
 def _appended(data: dict[str, Any], key: str, value: Any) -> list:

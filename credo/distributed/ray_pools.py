@@ -82,6 +82,12 @@ class RolloutWorker(_Crashable):
         self._count_call()
         return self.engine.generate(prompts, n, sampling, stream=stream)
 
+    def weights_fingerprint(self) -> Any:
+        """The served weights' fingerprint (the weight_sync guard, credo.guards.weights)."""
+        from credo.guards.weights import weights_fingerprint
+
+        return weights_fingerprint(self.engine.model)
+
     def continue_ids(self, prefixes: list[list[int]], sampling: SamplingParams, kwargs: dict[str, Any],
                      stream: tuple[int, int]) -> list[Any]:
         self._count_call()
@@ -107,6 +113,12 @@ class VLLMRolloutWorker(RolloutWorker):
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
         self.engine.update_weights(state, version=version)
         return version
+
+    def weights_fingerprint(self) -> Any:
+        return None  # vLLM's weights live in its own processes: the guard probes score_ids instead
+
+    def score_ids(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        return self.engine.score_ids(sequences, starts)
 
     def close(self) -> None:
         self.engine.close()
@@ -230,6 +242,18 @@ class WorkerSet:
 
 # ============================================================================ the pools
 
+class _ServedView:
+    """One rollout worker as the weight_sync guard sees an engine: ``weights_fingerprint`` (an HF worker), or
+    ``score_ids`` with the vLLM ``options`` (a vLLM worker; the probe's tolerance reads its dtype)."""
+
+    def __init__(self, actor: Any, tokenizer: Any, vllm: Any) -> None:
+        self.actor, self.tokenizer, self.options = actor, tokenizer, vllm
+        if vllm is None:
+            self.weights_fingerprint = lambda: _ray().get(actor.weights_fingerprint.remote())
+        else:
+            self.score_ids = lambda seqs, starts: _ray().get(actor.score_ids.remote(seqs, starts))
+
+
 class RolloutPool:
     """A :class:`~credo.rollout.RolloutEngine` over ``workers`` Ray rollout actors (see the module docstring)."""
 
@@ -246,6 +270,7 @@ class RolloutPool:
         dtype = next(model.parameters()).dtype
         config = model.config
         self._rm_scratch: weakref.finalize | None = None
+        self._vllm = vllm
         if vllm is None:  # credo's engine in each worker
             cls, extra = RolloutWorker, dict(max_batch_size=max_batch_size, lean=lean)
         else:  # a vLLM engine in each worker (rollout.engine=vllm): options = rollout.vllm
@@ -276,6 +301,11 @@ class RolloutPool:
         self._weights = ray.put({k: v.detach().cpu() for k, v in state.items()})
         self.policy_version = version
         self.workers.broadcast("load_weights", self._weights, version)
+
+    def served(self) -> list[Any]:
+        """One view per rollout worker for the weight_sync guard (credo.guards.weights.check_weight_sync): an HF
+        worker gives its weights' fingerprint, a vLLM worker scores the guard's probe."""
+        return [_ServedView(actor, self.tokenizer, self._vllm) for actor in self.workers.actors]
 
     def generate(self, prompts: list[Example], n: int, sampling: SamplingParams, on_done=None) -> list[Trajectory]:
         key = draw_key(self._generator_for(sampling))

@@ -22,7 +22,8 @@ module, both raw log-softmax (temperature 1), and
 
 must be <= ``guards.probe_tol`` (null: by the engine's dtype, :func:`probe_tolerance`; a NaN from the engine
 fails). The probe needs the trained weights as a module: a state dict (an FSDP2 policy's gathered weights, the
-async pipeline's snapshots) is not probed, and an engine with neither method (the Ray pool) is skipped.
+async pipeline's snapshots) is not probed. A pool of Ray rollout workers (``served()``) is checked worker by worker:
+an HF worker sends its fingerprint, a vLLM worker scores the probe.
 """
 from __future__ import annotations
 
@@ -129,22 +130,38 @@ def probe_mismatch(trained: torch.nn.Module, engine: Any, tol: float) -> str | N
     return None
 
 
+SKIPPED = "skipped"  # served_problem: no check applies
+
+
+def served_problem(guards: Any, trained: torch.nn.Module | dict[str, torch.Tensor], engine: Any) -> str | None:
+    """Why ``engine`` does not serve ``trained`` (a sentence), None when it does, :data:`SKIPPED` when neither the
+    fingerprint nor the probe applies (module docstring)."""
+    fingerprint = getattr(engine, "weights_fingerprint", None)
+    probe = fingerprint is None and getattr(engine, "score_ids", None) is not None
+    if fingerprint is None and not (probe and isinstance(trained, torch.nn.Module)):
+        return SKIPPED
+    if getattr(engine, "model", None) is trained:  # sampling from the trainer's own module: the same tensors
+        return None
+    if probe:
+        return probe_mismatch(trained, engine, probe_tolerance(engine, guards.cfg.probe_tol))
+    return fingerprint_mismatch(weights_fingerprint(trained), fingerprint(), guards.cfg.weight_tol)
+
+
 def check_weight_sync(guards: Any, trained: torch.nn.Module | dict[str, torch.Tensor], engine: Any,
                       version: int) -> None:
     """Run the ``weight_sync`` guard after ``engine`` was given ``trained`` as policy ``version``."""
     if guards is None or engine is None or not guards.enabled("weight_sync"):
         return
-    fingerprint = getattr(engine, "weights_fingerprint", None)
-    probe = fingerprint is None and getattr(engine, "score_ids", None) is not None
-    if fingerprint is None and not (probe and isinstance(trained, torch.nn.Module)):
-        return  # neither check applies (the Ray pool; a state dict for a probed engine): skipped (docs/guards.md)
-    if getattr(engine, "model", None) is trained:  # sampling from the trainer's own module: the same tensors
-        guards.check("weight_sync", True, "")
-        return
-    if probe:
-        problem = probe_mismatch(trained, engine, probe_tolerance(engine, guards.cfg.probe_tol))
-    else:
-        problem = fingerprint_mismatch(weights_fingerprint(trained), fingerprint(), guards.cfg.weight_tol)
+    views = engine.served() if hasattr(engine, "served") else [engine]  # a pool (Ray): every worker is checked
+    problem, checked = None, False
+    for i, view in enumerate(views):
+        found = served_problem(guards, trained, view)
+        checked = checked or found is not SKIPPED
+        if found not in (None, SKIPPED):
+            problem = found if len(views) == 1 else f"rollout worker {i}: {found}"
+            break
+    if not checked:
+        return  # no check applies (a state dict for a probed engine): skipped (docs/guards.md)
     guards.check("weight_sync", problem is None,
                  f"after the sync to policy {version} the rollout engine does not serve the trained weights: "
                  f"{problem}")

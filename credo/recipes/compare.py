@@ -15,7 +15,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from credo.config import load_config
+from credo.config import load_run_config
 from credo.recipes.rlvr import train
 from credo.tracking.metrics import read_metrics
 
@@ -41,7 +41,7 @@ def compare(presets: list[str], seeds: list[int], *, out_dir: Path, overrides: l
             target: float = 0.6) -> Path:
     out_dir = Path(out_dir)
     for preset in presets:  # validate every preset before spending minutes on the first
-        load_config(preset, list(overrides))
+        load_run_config(preset, list(overrides))
     for preset in presets:
         for seed in seeds:
             run_dir = out_dir / label(preset) / f"seed{seed}"
@@ -49,7 +49,7 @@ def compare(presets: list[str], seeds: list[int], *, out_dir: Path, overrides: l
                 log.info("reusing finished run %s", run_dir)
                 continue
             log.info("compare: %s seed %d -> %s", preset, seed, run_dir)
-            cfg = load_config(preset, [*overrides, f"seed={seed}", "log.report=false"])
+            cfg = load_run_config(preset, [*overrides, f"seed={seed}", "log.report=false"])
             resume = (run_dir / "checkpoints" / "latest").is_file()  # else a crash before the first checkpoint:
             train(cfg, run_dir=run_dir, resume=resume, overwrite=not resume)  # start that run again, cleanly
     rows = [summarize(out_dir, preset, seeds, target) for preset in presets]

@@ -347,10 +347,10 @@ def test_verl_style_dict_verifier_results_carry_components():
 def _train(tmp_path, name, *extra):
     from credo.cli.main import main
     from credo.tracking.metrics import read_metrics
-    from tests.conftest import TINY_RUN
+    from tests.conftest import TINY_COLD
 
     run = tmp_path / name
-    code = main(["-q", "train", "--run-dir", str(run), *TINY_RUN, "train.steps=2", "eval.every=0", "log.report=false",
+    code = main(["-q", "train", "--run-dir", str(run), *TINY_COLD, "train.steps=2", "eval.every=0", "log.report=false",
                  "log.tensorboard=false", "warm_start.enabled=false", *extra])
     assert code == 0, name
     return [r for r in read_metrics(run / "metrics.jsonl") if r["step"] > 0]
@@ -377,9 +377,9 @@ def test_gdpo_reads_the_components_of_a_verl_style_dict_verifier(tmp_path):
 
 def test_gdpo_names_the_missing_component(tmp_path, capsys):
     from credo.cli.main import main
-    from tests.conftest import TINY_RUN
+    from tests.conftest import TINY_COLD
 
-    code = main(["-q", "train", "--config", "gdpo", "--run-dir", str(tmp_path / "r"), *TINY_RUN, "train.steps=1",
+    code = main(["-q", "train", "--config", "gdpo", "--run-dir", str(tmp_path / "r"), *TINY_COLD, "train.steps=1",
                  "eval.every=0", "warm_start.enabled=false", "reward.name=tests.reward_fixtures:verl_dict_score",
                  "algo.advantage_args={reward_keys: [accuracy_reward]}"])
     assert code != 0

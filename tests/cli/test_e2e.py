@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from credo.cli.main import main
 from credo.tracking.metrics import read_metrics
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_COLD, TINY_PRETRAINED, TINY_RUN
 
 REPO = Path(__file__).resolve().parents[2]
 VOLATILE = ("timing_s/", "perf/tokens_per_s", "perf/gen_tokens_per_s")
@@ -32,7 +32,7 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_cli_train_writes_everything_and_changes_parameters(tmp_path: Path):
     run = tmp_path / "run"
-    proc = _cli("train", "--run-dir", str(run), *TINY_RUN, "train.steps=3", "warm_start.enabled=false",
+    proc = _cli("train", "--run-dir", str(run), *TINY_COLD, "train.steps=3", "warm_start.enabled=false",
                 "eval.every=2", "checkpoint.every=2", "reward.name=tests.reward_fixtures:length_score")
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "report.html", "final/model.safetensors",
@@ -111,7 +111,7 @@ def test_resume_errors(tmp_path: Path, capsys):
 
 
 def test_failing_verifier_never_stops_the_run(tmp_path: Path):
-    args = [*TINY_RUN, "train.steps=2", "eval.every=0", "log.report=false", "log.tensorboard=false",
+    args = [*TINY_COLD, "train.steps=2", "eval.every=0", "log.report=false", "log.tensorboard=false",
             "reward.name=tests.reward_fixtures:flaky", "reward.timeout_s=0.5", "reward.failure_score=-1",
             "warm_start.enabled=false", "rollout.max_new_tokens=4"]
     assert main(["-q", "train", "--run-dir", str(tmp_path / "r"), *args]) == 0
@@ -153,7 +153,7 @@ def test_sft_eval_report_and_list_commands(tmp_path: Path, capsys):
     assert json.loads(capsys.readouterr().out)["eval/greedy_acc"] == metrics["eval/greedy_acc"]
     # continue with RL from the SFT model
     rl = tmp_path / "rl"
-    assert main(["-q", "train", "--run-dir", str(rl), *TINY_RUN, f"model.path={run / 'final'}", "train.steps=1",
+    assert main(["-q", "train", "--run-dir", str(rl), *TINY_PRETRAINED, f"model.path={run / 'final'}", "train.steps=1",
                  "log.tensorboard=false"]) == 0
     assert not (rl / "warm_start.jsonl").exists(), "a loaded model gets no warm start by default"
     assert main(["report", str(rl)]) == 0
@@ -207,7 +207,7 @@ ALGORITHM_PRESETS = {
 def test_every_algorithm_preset_runs_through_the_cli(tmp_path: Path):
     for preset, keys in ALGORITHM_PRESETS.items():
         run = tmp_path / preset
-        code = main(["-q", "train", "--config", preset, "--run-dir", str(run), *TINY_RUN, "train.steps=2",
+        code = main(["-q", "train", "--config", preset, "--run-dir", str(run), *TINY_COLD, "train.steps=2",
                      "train.prompts_per_step=4", "rollout.group_size=4", "train.mini_batch_size=8",
                      "eval.every=0", "log.report=false", "log.tensorboard=false", "warm_start.enabled=false",
                      "reward.name=tests.reward_fixtures:length_score"])
@@ -226,7 +226,7 @@ def test_compare_writes_table_plot_and_reuses_finished_runs(tmp_path: Path, caps
     mine = tmp_path / "my_cispo.yaml"  # a preset given as a YAML file: its stem names its rows and runs
     mine.write_text((REPO / "configs" / "cispo.yaml").read_text())
     args = ["-q", "compare", "--presets", f"grpo,{mine}", "--seeds", "2", "--target", "0.0", "--out", str(out),
-            *TINY_RUN, "train.steps=2", "eval.every=1", "log.tensorboard=false", "warm_start.enabled=false",
+            *TINY_COLD, "train.steps=2", "eval.every=1", "log.tensorboard=false", "warm_start.enabled=false",
             "train.mini_batch_size=8", "reward.name=tests.reward_fixtures:length_score"]
     assert main(args) == 0
     table = (out / "compare.md").read_text()
@@ -246,7 +246,7 @@ def test_compare_writes_table_plot_and_reuses_finished_runs(tmp_path: Path, caps
 
 def test_critic_run_extended_by_resume_equals_one_long_run(tmp_path: Path):
     """The critic, its optimizer and scheduler are checkpointed: 2 steps + resume to 4 == 4 steps."""
-    args = ["-q", "train", "--config", "ppo", *TINY_RUN, "eval.every=2", "checkpoint.every=2", "log.report=false",
+    args = ["-q", "train", "--config", "ppo", *TINY_COLD, "eval.every=2", "checkpoint.every=2", "log.report=false",
             "log.tensorboard=false", "warm_start.enabled=false", "reward.name=tests.reward_fixtures:length_score"]
     assert main([*args, "--run-dir", str(tmp_path / "full"), "train.steps=4"]) == 0
     assert main([*args, "--run-dir", str(tmp_path / "part"), "train.steps=2"]) == 0

@@ -16,7 +16,7 @@ from tests.hub_util import add_dataset, add_model_dir, save_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["task.train_size=64", "task.eval_size=8", "rollout.group_size=4", "train.prompts_per_step=4",
-        "rollout.max_new_tokens=8", "warm_start.steps=0", "eval.k=2", "reward.workers=1", "train.threads=1",
+        "rollout.max_new_tokens=8", "warm_start.enabled=false", "eval.k=2", "reward.workers=1", "train.threads=1",
         "train.steps=2", "eval.every=0", "checkpoint.every=1"]
 ROWS = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(24)]
 ROWS[5] = {"question": "What is five?", "answer": "five"}  # no '#### n': a bad row for answer_transform=gsm8k

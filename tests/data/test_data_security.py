@@ -195,11 +195,11 @@ def test_builtin_task_with_too_long_prompts_fails_with_a_clear_error():
 
 
 def test_cli_train_skips_overlong_rows_and_error_mode_names_them(tmp_path):
-    from tests.conftest import TINY_RUN
+    from tests.conftest import TINY_COLD
 
     path = _write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"rev {'ab' * (i % 3 + 1)}=", "answer": "x"}
                                                    for i in range(12)] + [{"prompt": "q" * 3000, "answer": "y"}])
-    args = [*TINY_RUN, "task.name=file", f"task.train_file={path}", "task.eval_fraction=0.2", "train.steps=1",
+    args = [*TINY_COLD, "task.name=file", f"task.train_file={path}", "task.eval_fraction=0.2", "train.steps=1",
             "warm_start.enabled=false", "eval.every=0", "log.report=false", "log.tensorboard=false",
             "model.max_position_embeddings=64"]
     run = tmp_path / "run"
@@ -327,10 +327,10 @@ def test_reward_model_endpoint_nonfinite_scores_fail_only_their_own_results():
 
 def test_cli_train_with_a_nan_reward_completes_and_records_the_failures(tmp_path):
     from credo.tracking.metrics import read_metrics
-    from tests.conftest import TINY_RUN
+    from tests.conftest import TINY_COLD
 
     run = tmp_path / "run"
-    proc = _cli("train", "--run-dir", str(run), *TINY_RUN, "train.steps=2", "warm_start.enabled=false",
+    proc = _cli("train", "--run-dir", str(run), *TINY_COLD, "train.steps=2", "warm_start.enabled=false",
                 "eval.every=0", "log.report=false", "log.tensorboard=false", "reward.failure_score=-1.0",
                 f"reward.name={HERE}:nan_for_even_lengths")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,7 +8,10 @@ import torch
 ray = pytest.importorskip("ray")
 
 from credo.distributed.ray_launch import start_local  # noqa: E402
+from credo.config.schema import GuardsConfig  # noqa: E402
 from credo.distributed.ray_pools import RewardPool, RolloutPool, split  # noqa: E402
+from credo.guards import GuardError, Guards  # noqa: E402
+from credo.guards.weights import check_weight_sync  # noqa: E402
 from credo.rewards import RewardRunner  # noqa: E402
 from credo.rollout import HFRolloutEngine  # noqa: E402
 from credo.types import Example, SamplingParams  # noqa: E402
@@ -75,6 +78,14 @@ def _check_weight_sync(pool: RolloutPool, model, tok) -> None:
     assert [t.response_ids for t in after] != [t.response_ids for t in before]
     local = HFRolloutEngine(model, tok).generate(PROMPTS, 1, greedy)  # exactly the trainer's new policy
     assert [t.response_ids for t in after] == [t.response_ids for t in local]
+    # the weight_sync guard checks every worker (it used to skip the pool: a silent no-op of guards.weight_sync)
+    guards = Guards(GuardsConfig(weight_sync="error"))
+    check_weight_sync(guards, model, pool, 7)
+    assert guards.checks["weight_sync"] == 1 and guards.trips["weight_sync"] == 0
+    with torch.no_grad():  # trained again, never synced: the workers serve stale weights
+        next(model.parameters()).add_(0.5)
+    with pytest.raises(GuardError, match="rollout worker 0: .* differs"):
+        check_weight_sync(guards, model, pool, 8)
 
 
 @pytest.mark.ray

@@ -23,10 +23,10 @@ from credo.models.batch import collate
 from credo.train.update import UpdateOptions, update_policy
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.types import Example, RewardResult, SamplingParams, Trajectory
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_COLD
 
 NAN = float("nan")
-RUN = [*TINY_RUN, "warm_start.enabled=false", "eval.every=0", "log.progress=false", "log.report=false",
+RUN = [*TINY_COLD, "warm_start.enabled=false", "eval.every=0", "log.progress=false", "log.report=false",
        "log.tensorboard=false", "reward.name=tests.reward_fixtures:length_score"]
 
 

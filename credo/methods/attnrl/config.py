@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from credo.config.fields import opt, type_key
+from credo.config.reads import READERS, Reader
 from credo.config.validate import ConfigError, register_validator
 
 
@@ -39,15 +40,19 @@ class TreeCollectorConfig:
     dynamic_batch: bool = opt(True, "adapt the prompts per step so that about valid_factor * prompts_per_step * "
                               "group_size rows are trained per step")
     valid_factor: float = opt(5.0, "dynamic batch: target trained rows = valid_factor * prompts_per_step * "
-                              "group_size", min=0.0)
+                              "group_size", min=0.0, read_if="attnrl_dynamic_batch")
     batch_ema: float = opt(0.1, "dynamic batch: B <- ceil(batch_ema * floor(B * target / EMA(valid)) + (1 - "
-                           "batch_ema) * B)", min=0.0, max=1.0)
+                           "batch_ema) * B)", min=0.0, max=1.0, read_if="attnrl_dynamic_batch")
     valid_ema: float = opt(1.0, "dynamic batch: EMA weight of the newest trained-row count (1 = the last step's)",
-                           min=0.0, max=1.0)
+                           min=0.0, max=1.0, read_if="attnrl_dynamic_batch")
     max_prompts: int | None = opt(None, "dynamic batch: upper bound on the prompts per step (null = none, as the "
-                                  "release)", min=1)
+                                  "release)", min=1, read_if="attnrl_dynamic_batch")
     fci_micro_batch: int = opt(16, "sequences per attention forward of the FCI pass", min=1)
 
+
+# the readers of this section's conditional keys (credo.config.reads: no silent no-ops)
+READERS.add("attnrl_dynamic_batch", Reader(lambda c: c.rollout.collector.dynamic_batch,
+                                           "rollout.collector.dynamic_batch=true"))
 
 @register_validator("rollout.collector.tree")
 def validate_attnrl(cfg) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from credo.config.fields import opt
+from credo.config.reads import READERS, Reader
 from credo.config.validate import register_validator, wrap
 
 DISTILL_MODES = ("advantage", "reward", "loss")
@@ -17,7 +18,8 @@ class TeacherConfig:
                           "prompt_logprobs (temperature 1; its tokenizer must decode the student's ids as the "
                           "student's does)")
     timeout_s: float = opt(600.0, "distill.teacher.url: whole-call deadline of each scoring request (connect to "
-                           "the reply's last byte; its reply is capped at 256 MiB)", min=0.001)
+                           "the reply's last byte; its reply is capped at 256 MiB)", min=0.001,
+                           read_if="distill_teacher_url")
 
 
 @dataclass
@@ -33,8 +35,13 @@ class DistillConfig:
     reward_weight: float = opt(1.0, "weight w of the verifiable reward (reward mode: of the rewards; advantage and "
                                "loss modes: of the estimator's advantages); 0 = pure distillation", min=0.0)
     estimator: str = opt("k2", "loss mode: KL estimator of the loss term (credo.algo.kl: k1, abs, k2, k3, + suffix); "
-                         "k2 (and k1+, k3+) give the per-token reverse-KL gradient, plain k1 a zero-mean one")
+                         "k2 (and k1+, k3+) give the per-token reverse-KL gradient, plain k1 a zero-mean one",
+                         read_if="distill_loss")
 
+
+# the readers of this section's conditional keys (credo.config.reads: no silent no-ops)
+READERS.add("distill_teacher_url", Reader(lambda c: c.distill.teacher.url is not None, "distill.teacher.url"))
+READERS.add("distill_loss", Reader(lambda c: c.distill.mode == "loss", "distill.mode=loss"))
 
 @register_validator("distill")
 def validate_distill_section(cfg) -> None:

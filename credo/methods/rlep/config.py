@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from credo.config.fields import opt
+from credo.config.reads import READERS, Reader
 from credo.config.validate import ConfigError, register_validator
 
 
@@ -22,15 +23,24 @@ class ReplayConfig:
                         "replay.collect_negatives; the paper found no gain)", min=0)
     refresh: bool = opt(False, "add the fresh samples the verifier accepts to the pool during training (the "
                         "reference's dynamic_replay_exp; off: the pool is static)")
-    refresh_max: int = opt(16, "refresh: stored answers kept per prompt (the oldest go first)", min=1)
-    collect_samples: int = opt(16, "credo rlep collect: answers sampled per prompt (the paper: 64)", min=1)
-    collect_temperature: float = opt(0.7, "credo rlep collect: sampling temperature", min=0.0)
-    collect_top_p: float = opt(0.95, "credo rlep collect: nucleus mass", min=0.0, max=1.0)
+    refresh_max: int = opt(16, "refresh: stored answers kept per prompt (the oldest go first)", min=1,
+                           read_if="rlep_refresh")
+    collect_samples: int = opt(16, "credo rlep collect: answers sampled per prompt (the paper: 64)", min=1,
+                               read_if="rlep_collect")
+    collect_temperature: float = opt(0.7, "credo rlep collect: sampling temperature", min=0.0, read_if="rlep_collect")
+    collect_top_p: float = opt(0.95, "credo rlep collect: nucleus mass", min=0.0, max=1.0, read_if="rlep_collect")
     collect_min_correct: int = opt(2, "credo rlep collect: a prompt is stored only with at least this many verified "
-                                   "answers", min=1)
-    collect_prompts: int | None = opt(None, "credo rlep collect: training prompts to sample (null = all)", min=1)
-    collect_negatives: bool = opt(False, "credo rlep collect: also store failed answers (for replay.negative)")
+                                   "answers", min=1, read_if="rlep_collect")
+    collect_prompts: int | None = opt(None, "credo rlep collect: training prompts to sample (null = all)", min=1,
+                                      read_if="rlep_collect")
+    collect_negatives: bool = opt(False, "credo rlep collect: also store failed answers (for replay.negative)",
+                                  read_if="rlep_collect")
 
+
+# the readers of this section's conditional keys (credo.config.reads: no silent no-ops); the collect_* keys are
+# `credo rlep collect`'s, which reads the same config: harmless to `credo train`, a warning there
+READERS.add("rlep_refresh", Reader(lambda c: c.replay.refresh, "replay.refresh=true"))
+READERS.add("rlep_collect", Reader(lambda c: False, "`credo rlep collect` (not `credo train`)", harmless=True))
 
 @register_validator("replay")
 def validate_replay(cfg) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from credo.config.fields import opt, type_key
+from credo.config.reads import READERS, Reader
 from credo.config.validate import ConfigError, register_validator, wrap
 
 
@@ -25,7 +26,7 @@ class VepoSelectConfig:
     apply: str = opt("mask", "mask = the selection multiplied into the loss mask; advantage_mask = advantages of "
                      "unselected tokens zeroed (loss mask kept); reweight = advantages times score / mean score",
                      choices=("mask", "advantage_mask", "reweight"))
-    max_weight: float = opt(3.0, "apply=reweight: cap of the per-token weights", min=0.0)
+    max_weight: float = opt(3.0, "apply=reweight: cap of the per-token weights", min=0.0, read_if="vepo_reweight")
     image_perturb: str = opt("gaussian", "image batches (vision-language policies): perturbation of each image's "
                              "raw pixels: gaussian, patch_blacken, grey, blur, resample, or module:function "
                              "(credo.methods.vepo.image)")
@@ -34,6 +35,9 @@ class VepoSelectConfig:
     image_regions: str = opt("whole", "where the image is perturbed: whole = the whole image; meta = the queried "
                              "object's boxes (Example.meta['regions'])", choices=("whole", "meta"))
 
+
+# the readers of this section's conditional keys (credo.config.reads: no silent no-ops)
+READERS.add("vepo_reweight", Reader(lambda c: c.token_select.apply == "reweight", "token_select.apply=reweight"))
 
 @register_validator("token_select.vepo")
 def validate_vepo(cfg) -> None:

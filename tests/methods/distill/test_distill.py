@@ -16,7 +16,7 @@ from credo.config import ConfigError, load_config
 from credo.methods.distill.teacher import check_same_vocab, load_teacher
 from credo.models import build_model, save_model
 from credo.tracking.metrics import read_metrics
-from tests.conftest import TINY, TINY_RUN
+from tests.conftest import TINY, TINY_PRETRAINED, TINY_RUN
 
 S = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, 0.0]])  # student log-probs (B=2, T=3)
 Q = torch.tensor([[-1.5, -1.0, -0.5], [-0.2, -9.0, -7.0]])  # teacher log-probs
@@ -119,14 +119,15 @@ def test_config_needs_one_teacher_and_a_server_teacher_must_answer():
 
 # ----------------------------------------------------------------------------- through the CLI
 
-TINY_DISTILL = [*TINY_RUN, "log.progress=false", "log.report=false", "eval.every=0"]
+QUIET_DISTILL = ["log.progress=false", "log.report=false", "eval.every=0"]
+TINY_DISTILL = [*TINY_RUN, *QUIET_DISTILL]
 
 
 def test_teacher_equal_to_student_gives_zero_kl_and_the_grpo_update(tmp_path: Path):
     """Reward mode, reward_weight 1, the teacher the student's own starting weights: after one step the reverse KL
     is exactly 0 and the trained weights equal plain GRPO's (with the old-log-prob pass that distillation keeps)."""
     init = _save(tmp_path, "init", 0)
-    common = [*TINY_DISTILL, f"model.path={init}", "warm_start.enabled=false", "train.steps=1", "train.warmup_steps=0",
+    common = [*TINY_PRETRAINED, *QUIET_DISTILL, f"model.path={init}", "warm_start.enabled=false", "train.steps=1", "train.warmup_steps=0",
               "reward.name=tests.reward_fixtures:length_score"]  # rewards that vary within a group: a real update
     assert main(["-q", "train", "--run-dir", str(tmp_path / "grpo"), *common, "train.old_logprob_pass=always"]) == 0
     assert main(["-q", "train", "--run-dir", str(tmp_path / "d"), *common, f"distill.teacher.path={init}",
@@ -165,7 +166,7 @@ def test_coef_zero_equals_grpo_with_any_teacher(tmp_path: Path, mode: str):
     Loss mode failed it until its term was dropped at coef 0: the zero-weighted term kept the zero-advantage rows
     (actor/skipped_rows_frac 0.0 vs 0.25, final weights 1.2e-7 apart)."""
     init, teacher = _save(tmp_path, "init", 0), _save(tmp_path, "teacher", 7)
-    common = [*TINY_DISTILL, f"model.path={init}", "warm_start.enabled=false", "train.steps=2", "train.warmup_steps=0",
+    common = [*TINY_PRETRAINED, *QUIET_DISTILL, f"model.path={init}", "warm_start.enabled=false", "train.steps=2", "train.warmup_steps=0",
               "reward.name=tests.reward_fixtures:length_score", "log.tensorboard=false"]
     assert main(["-q", "train", "--run-dir", str(tmp_path / "grpo"), *common, "train.old_logprob_pass=always"]) == 0
     assert main(["-q", "train", "--run-dir", str(tmp_path / "d"), *common, f"distill.teacher.path={teacher}",
