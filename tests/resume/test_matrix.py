@@ -54,6 +54,7 @@ class Mode:
     cells: dict[str, tuple] = dataclasses.field(default_factory=dict)
     volatile: tuple[str, ...] = ()  # more metrics that differ between identical runs (wall-clock durations)
     exact: bool = True  # False: two uninterrupted runs already differ (:func:`check_same_course`)
+    in_actor: bool = False  # the run trains in a Ray actor: the kill takes the actor, the driver then fails (rc 1)
 
 
 def kills(steps: int, *, generate: int | None = None, update: int | None = None) -> dict[str, str]:
@@ -102,11 +103,18 @@ def _critic_check(full: Path, cut: Path) -> None:
 
 def _tree_check(full: Path, cut: Path) -> None:
     """AttnRL's dynamic batch size moved (its running state is part of the checkpoint)."""
-    assert len({r["tree/prompts"] for r in rows(full) if "tree/prompts" in r}) > 1
+    steps = [r["tree/prompts"] for r in rows(full) if "tree/prompts" in r]
+    assert len(steps) == 4 and len(set(steps)) > 1
 
 
 def _replay_check(full: Path, cut: Path) -> None:
-    assert all(r["replay/samples"] > 0 for r in rows(full) if "reward/mean" in r)
+    """Every group got its 2 stored answers (the pool's draws and refreshed answers are in the rows compared; was
+    tests/methods/rlep/test_rlep.py's resume half)."""
+    steps = [r for r in rows(full) if "reward/mean" in r]
+    assert len(steps) == 3
+    for r in steps:
+        assert r["replay/samples"] == 4 * 2 and r["replay/per_group"] == 2.0 and r["replay/short_groups"] == 0
+        assert r["replay/positive_accuracy"] == 1.0 and r["reward/mean"] < 1.0  # the fresh samples' own metrics
 
 
 def _agent_args(root: Path) -> list[str]:
@@ -156,21 +164,32 @@ def _stop_servers():
 
 
 ASYNC = kills(4, generate=3)  # batch 3 is generated in the background while step 1 or 2 trains
+EVAL_2 = ("eval.every=2",)  # an evaluation at step 2 waits for the batches in flight (they stay queued)
 
 MODES: dict[str, Mode] = {
     "group": Mode(_args(LENGTH, steps=3), kills(3)),
-    "one_step_off": Mode(_args(LENGTH, "rollout.one_step_off=true", steps=4), ASYNC, _policy_lag([0, 1, 1, 1])),
-    "staleness": Mode(_args(LENGTH, "rollout.max_staleness=2", steps=4), ASYNC, _policy_lag([0, 1, 2, 2])),
-    "staleness_partial": Mode(_args(LENGTH, "rollout.max_staleness=2", "rollout.partial=true", steps=4), ASYNC,
-                              _policy_lag([0, 1, 2, 2])),
+    "one_step_off": Mode(_args(LENGTH, "rollout.one_step_off=true", *EVAL_2, steps=4), ASYNC,
+                         _policy_lag([0, 1, 1, 1])),
+    "staleness": Mode(_args(LENGTH, "rollout.max_staleness=2", *EVAL_2, steps=4), ASYNC, _policy_lag([0, 1, 2, 2])),
+    "staleness_partial": Mode(_args(LENGTH, "rollout.max_staleness=2", "rollout.partial=true", *EVAL_2, steps=4),
+                              ASYNC, _policy_lag([0, 1, 2, 2])),
     "critic": Mode(lambda root: ["--config", "ppo", *_args(LENGTH, steps=3)(root)], kills(3), _critic_check),
     "lora": Mode(_lora_args, kills(3)),
     "tree": Mode(lambda root: ["--config", "attnrl", *_args(LENGTH, "attnrl.max_prompts=6", steps=4)(root)],
                  kills(4), _tree_check),
     "replay": Mode(_replay_args, kills(3), _replay_check),
     "agent_http_env": Mode(_agent_args, kills(3), _agent_check),
-    # not exact: see check_same_course
-    "gateway": Mode(_gateway_args, kills(3), _gateway_check, exact=False),
+    "gateway": Mode(_gateway_args, kills(3), _gateway_check, exact=False),  # check_same_course: the bound
+    # vLLM's CPU build (float32), in its own venv: .ci/run's vLLM stage runs these cells with its python
+    # (head_dim 32: the CPU build's attention has no kernel for the tiny model's 8)
+    "vllm": Mode(_args(LENGTH, "rollout.engine=vllm", "rollout.vllm.dtype=float32", "model.hidden_size=128",
+                       "model.intermediate_size=256", steps=3), kills(3),
+                 marks=(pytest.mark.vllm,)),
+    # one trainer rank, one Ray rollout worker and one Ray reward worker (a private local Ray instance); the points
+    # are reached in the trainer rank's actor process, which the kill takes
+    "ray_pool": Mode(_args(LENGTH, "distributed.backend=ray", "distributed.world_size=1",
+                           "distributed.rollout_workers=1", "distributed.reward_workers=1", steps=3), kills(3),
+                     marks=(pytest.mark.ray,), volatile=("dist/",), in_actor=True),
 }
 
 # the cells of the default suite (the others run in the resume tier only)
@@ -184,7 +203,9 @@ def credo(python: str, args: list[str], *, kill_at: str | None = None, env: dict
           ) -> subprocess.CompletedProcess:
     """``python -m credo.cli.main -q ARGS`` in its own process group; with ``kill_at`` the run SIGKILLs itself
     there (credo/faults.py), and what it started and left behind (reward workers) is killed with its group."""
-    environ = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1"}
+    # PYTHONPATH: the tests' reward functions importable in the run's worker processes (Ray's included)
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    environ = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
     environ.pop("CREDO_KILL_AT", None)
     if kill_at is not None:
         environ["CREDO_KILL_AT"] = kill_at
@@ -281,7 +302,10 @@ def test_killed_and_resumed_run_ends_as_the_uninterrupted_run(name: str, point: 
     full, args = full_run(name)
     cut, spec = tmp_path / "cut", mode.kills[point]
     died = credo(mode.python, ["train", "--run-dir", str(cut), *args], kill_at=spec)
-    assert died.returncode == KILLED, f"{spec} never reached (rc {died.returncode}):\n{died.stdout[-4000:]}"
+    if mode.in_actor:  # SIGKILL of the trainer rank's actor process; the driver reports it and fails
+        assert died.returncode == 1 and "actor died unexpectedly" in died.stdout, died.stdout[-4000:]
+    else:
+        assert died.returncode == KILLED, f"{spec} never reached (rc {died.returncode}):\n{died.stdout[-4000:]}"
     check_died_at(point, spec, cut)
     resumed = credo(mode.python, ["train", "--resume", str(cut)])
     assert resumed.returncode == 0, resumed.stdout[-4000:]
