@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -209,16 +210,20 @@ def credo(python: str, args: list[str], *, kill_at: str | None = None, env: dict
     environ.pop("CREDO_KILL_AT", None)
     if kill_at is not None:
         environ["CREDO_KILL_AT"] = kill_at
-    proc = subprocess.Popen([python, "-m", "credo.cli.main", "-q", *args], env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=REPO)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
+    # output to a file, not a pipe: a killed run's engine processes (vLLM's) may hold a pipe open past its death
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([python, "-m", "credo.cli.main", "-q", *args], env=environ, stdout=log,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=REPO)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the group's leftovers (the leader is gone or done)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the group's leftovers (the leader is gone or done)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        log.seek(0)
+        out = log.read()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
