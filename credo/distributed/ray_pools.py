@@ -302,7 +302,7 @@ class RolloutPool:
         self.policy_version = version
         self.workers.broadcast("load_weights", self._weights, version)
 
-    def served(self) -> list[Any]:
+    def weight_sync_views(self) -> list[Any]:
         """One view per rollout worker for the weight_sync guard (credo.guards.weights.check_weight_sync): an HF
         worker gives its weights' fingerprint, a vLLM worker scores the guard's probe."""
         return [_ServedView(actor, self.tokenizer, self._vllm) for actor in self.workers.actors]

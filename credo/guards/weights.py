@@ -22,8 +22,8 @@ module, both raw log-softmax (temperature 1), and
 
 must be <= ``guards.probe_tol`` (null: by the engine's dtype, :func:`probe_tolerance`; a NaN from the engine
 fails). The probe needs the trained weights as a module: a state dict (an FSDP2 policy's gathered weights, the
-async pipeline's snapshots) is not probed. A pool of Ray rollout workers (``served()``) is checked worker by worker:
-an HF worker sends its fingerprint, a vLLM worker scores the probe.
+async pipeline's snapshots) is not probed. A pool of Ray rollout workers (``weight_sync_views()``) is checked worker
+by worker: an HF worker sends its fingerprint, a vLLM worker scores the probe.
 """
 from __future__ import annotations
 
@@ -152,7 +152,8 @@ def check_weight_sync(guards: Any, trained: torch.nn.Module | dict[str, torch.Te
     """Run the ``weight_sync`` guard after ``engine`` was given ``trained`` as policy ``version``."""
     if guards is None or engine is None or not guards.enabled("weight_sync"):
         return
-    views = engine.served() if hasattr(engine, "served") else [engine]  # a pool (Ray): every worker is checked
+    # a pool of Ray rollout workers: every worker is checked
+    views = engine.weight_sync_views() if hasattr(engine, "weight_sync_views") else [engine]
     problem, checked = None, False
     for i, view in enumerate(views):
         found = served_problem(guards, trained, view)
