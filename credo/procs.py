@@ -19,6 +19,9 @@ sure nothing outlives the parent:
 Processes credo does not start itself (a private Ray instance's raylet, GCS and agents) are found by a path
 instead: :func:`reap_when_gone` starts a watcher process that SIGKILLs, once the caller is gone, every process
 naming that path or holding a file under it open (Ray's agents otherwise sometimes outlive a killed driver).
+Processes a library starts (vLLM's in-process engine core and workers) are marked instead: before they start,
+:func:`reap_descendants_when_gone` puts a token in this process's environment, which they inherit, and starts a
+watcher that SIGKILLs every process carrying the token once this one is gone.
 
 Linux only (``prctl`` and ``/proc``); elsewhere the layers that cannot be set up are skipped. A descendant that
 leaves the process group on its own (``setsid``) is not covered here: the sandbox runs programs that way and
@@ -138,32 +141,54 @@ def reap_when_gone(marker: str) -> None:
                                       stdin=subprocess.DEVNULL, start_new_session=True))
 
 
-def holding(marker: str) -> list[int]:
-    """Pids (other than this one) whose command line contains ``marker`` or that have a file under it open."""
+REAP_ENV = "CREDO_REAP_TOKEN"  # reap_descendants_when_gone: the variable every descendant inherits
+
+
+def reap_descendants_when_gone() -> None:
+    """Once per process: start a watcher that SIGKILLs, once this process is gone, every process whose environment
+    carries this process's :data:`REAP_ENV` token, set here before the descendants start: processes a library
+    starts for credo that outlive a ``kill -9`` of it (vLLM's in-process engine's ``EngineCore`` and ``Worker``
+    processes, which would keep a GPU's memory), whatever session or group they put themselves in."""
+    if os.environ.get(REAP_ENV, "").startswith(f"{os.getpid()}-"):
+        return  # this process's watcher runs already
+    token = f"{os.getpid()}-{os.urandom(8).hex()}"
+    os.environ[REAP_ENV] = token
+    _WATCHERS.append(subprocess.Popen([sys.executable, "-m", "credo.procs", str(os.getpid()),
+                                       f"{REAP_ENV}={token}", "--environ"],
+                                      stdin=subprocess.DEVNULL, start_new_session=True))
+
+
+def holding(marker: str, *, environ: bool = False) -> list[int]:
+    """Pids (other than this one) whose command line contains ``marker`` or that have a file under it open; with
+    ``environ``, those whose environment holds ``marker`` (``NAME=VALUE``) instead."""
     needle, pids = marker.encode(), []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                named = needle in f.read()
-            if not named:
-                fds = f"/proc/{entry.name}/fd"
-                named = any(os.readlink(f"{fds}/{fd}").startswith(marker) for fd in os.listdir(fds))
-        except OSError:  # gone, or a descriptor closed meanwhile
+            if environ:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    named = needle in f.read().split(b"\0")
+            else:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    named = needle in f.read()
+                if not named:
+                    fds = f"/proc/{entry.name}/fd"
+                    named = any(os.readlink(f"{fds}/{fd}").startswith(marker) for fd in os.listdir(fds))
+        except OSError:  # gone, not ours to read, or a descriptor closed meanwhile
             continue
         if named:
             pids.append(int(entry.name))
     return pids
 
 
-def _reap_when_gone(parent: int, marker: str, poll_s: float) -> None:
+def _reap_when_gone(parent: int, marker: str, poll_s: float, environ: bool = False) -> None:
     """The watcher: wait for ``parent`` to go, then SIGKILL what :func:`holding` finds (a few rounds, for
     stragglers started meanwhile)."""
     while os.getppid() == parent:
         time.sleep(poll_s)
     for _ in range(3):
-        for pid in holding(marker):
+        for pid in holding(marker, environ=environ):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -173,7 +198,7 @@ def _reap_when_gone(parent: int, marker: str, poll_s: float) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _reap_when_gone(int(sys.argv[1]), sys.argv[2], GUARD_POLL_S)
+    _reap_when_gone(int(sys.argv[1]), sys.argv[2], GUARD_POLL_S, environ="--environ" in sys.argv[3:])
 
 
 _STUCK_THREADS: list[str] = []

@@ -246,6 +246,51 @@ def test_processes_holding_a_marked_path_die_when_their_starter_is_killed(tmp_pa
             os.kill(other, signal.SIGKILL)
 
 
+REAP_DESCENDANTS_DRIVER = """
+import os, subprocess, sys, time
+from credo.procs import reap_descendants_when_gone
+reap_descendants_when_gone()
+reap_descendants_when_gone()  # once per process: a second call starts no second watcher
+sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+# as vLLM's engine core: its own session (no process group reaches it), the environment inherited
+core = subprocess.Popen(sleep, start_new_session=True)
+# a grandchild through it, and a process that does not carry the token
+worker = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; p = subprocess.Popen("
+                           "[sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
+                           "open(sys.argv[1], 'w').write(str(p.pid)); time.sleep(600)", {gpid!r}],
+                          start_new_session=True)
+other = subprocess.Popen(sleep, start_new_session=True, env={{"PATH": os.environ.get("PATH", "")}})
+while not os.path.exists({gpid!r}) or not open({gpid!r}).read():
+    time.sleep(0.1)
+open({out!r}, "w").write(f"{{core.pid}} {{worker.pid}} {{open({gpid!r}).read()}} {{other.pid}}")
+time.sleep(600)
+"""
+
+
+def test_descendants_carrying_the_reap_token_die_when_their_starter_is_killed(tmp_path):
+    """After kill -9 of a process that called ``reap_descendants_when_gone()``, its watcher kills every process
+    that inherited its token (in their own sessions, a grandchild included: vLLM's engine core and workers); a
+    process started without the token lives on."""
+    from credo.procs import REAP_ENV, holding, parent_of
+
+    out, gpid = tmp_path / "pids", tmp_path / "grandchild"
+    driver = subprocess.Popen([sys.executable, "-c", REAP_DESCENDANTS_DRIVER.format(out=str(out), gpid=str(gpid))],
+                              cwd=REPO, env=_env())
+    try:
+        core, worker, grandchild, other = map(int, _wait_for(lambda: out.exists() and out.read_text(), 60,
+                                                             "the processes", driver).split())
+        watchers = [p for p in holding(f"{REAP_ENV}={driver.pid}-") if parent_of(p) == driver.pid]  # argv
+    finally:
+        _kill(driver, signal.SIGKILL)
+    try:
+        assert len(watchers) == 1
+        _assert_all_gone([core, worker, grandchild])
+        assert _alive(other)
+    finally:
+        if _alive(other):
+            os.kill(other, signal.SIGKILL)
+
+
 # ----------------------------------------------------------------------------- item 8: sandbox workers
 
 

@@ -206,6 +206,9 @@ class InProcessVLLM:
     def __init__(self, model_path: str | Path, *, seed: int, opts: VLLMOptions) -> None:
         from vllm import LLM
 
+        from credo.procs import reap_descendants_when_gone
+
+        reap_descendants_when_gone()  # the engine's processes die with this one, even by kill -9 (credo.procs)
         self.cpu = on_cpu()
         self.llm = LLM(model=str(model_path), **engine_kwargs(opts, seed=seed, cpu=self.cpu))
         self.weights = weight_sync(opts, LLMClient(self.llm))
