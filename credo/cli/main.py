@@ -227,7 +227,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_run_dir(run_dir, "--resume")  # no links out of the run (credo.tracking.rundir)
         if not (run_dir / "config.yaml").is_file():
             raise FileNotFoundError(f"{run_dir} is not a credo run directory (no config.yaml)")
-        cfg = load_run_config(str(run_dir / "config.yaml"), args.overrides, untrusted_dir=run_dir)
+        cfg = load_run_config(str(run_dir / "config.yaml"), args.overrides, untrusted_dir=run_dir, resumed=True)
         preflight(cfg, run_dir=run_dir, run_dir_key="--resume", resume=True)
         train(cfg, run_dir=run_dir, resume=True)
     else:

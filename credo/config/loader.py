@@ -42,13 +42,14 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
 
 
 def load_run_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-                    untrusted_dir: str | Path | None = None) -> RunConfig:
+                    untrusted_dir: str | Path | None = None, resumed: bool = False) -> RunConfig:
     """:func:`load_config` for ``credo train``: a key the run will not read is refused (or, harmless, warned
-    about) by :func:`credo.config.reads.check_reads` (no silent no-ops, docs/guarantees.md)."""
+    about) by :func:`credo.config.reads.check_reads` (no silent no-ops, docs/guarantees.md); ``resumed``: ``path``
+    is the run directory's own config, whose keys were accepted when the run started (only overrides refused)."""
     from credo.config.reads import check_reads
 
     cfg, sources = load_config_sources(path, overrides, untrusted_dir=untrusted_dir)
-    check_reads(cfg, sources)
+    check_reads(cfg, sources, resumed=resumed)
     return cfg
 
 

@@ -106,12 +106,14 @@ def default_of(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def check_reads(cfg: Any, sources: dict[str, str]) -> list[Unread]:
+def check_reads(cfg: Any, sources: dict[str, str], *, resumed: bool = False) -> list[Unread]:
     """Refuse a key the run will not read that a preset or an override gives: an override always (the user typed
     it), a preset's key when its value is not the default (a run directory's full ``config.yaml`` repeats every
     default) and the preset on its own does not read it either. A harmless reader's key, and a preset's key an
     override switched off (``Sources.turned_off``: ``dynamic_sampling=false`` over a preset's ``max_gen_batches``,
-    a resume's ``distributed.backend=none``), are logged as warnings instead; returns those."""
+    a resume's ``distributed.backend=none``), are logged as warnings instead; returns those. ``resumed``: the
+    preset is a run directory's own config.yaml, accepted when the run started (perhaps by an older credo that
+    declared fewer readers): none of its keys is refused, only the overrides."""
     keys, warned = leaf_keys(cfg), []
     turned_off = getattr(sources, "turned_off", frozenset())
     for key, unread in unread_keys(cfg).items():
@@ -119,8 +121,9 @@ def check_reads(cfg: Any, sources: dict[str, str]) -> list[Unread]:
         value, f, _ = keys[key]
         if source == "default" or (source == "preset" and value == default_of(f)):
             continue
-        if unread.harmless or (source == "preset" and key in turned_off):
-            why = "harmless" if unread.harmless else "the overrides turned its stage off"
+        if unread.harmless or (source == "preset" and (resumed or key in turned_off)):
+            why = "harmless" if unread.harmless else "kept from the run's config" if resumed and key not in \
+                turned_off else "the overrides turned its stage off"
             log.warning("%s: not read by this run (only with %s); %s, ignored", key, unread.says(), why)
             warned.append(unread)
             continue

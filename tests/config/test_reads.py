@@ -123,6 +123,11 @@ def test_sources_and_a_run_directorys_full_config(tmp_path: Path):
     preset.write_text("rollout:\n  vllm:\n    mode: server\n")
     with pytest.raises(ConfigError, match=r"^rollout.vllm.mode: .*\(preset 'server'\)"):
         load_run_config(str(preset))
+    # ... but not from a run directory's own config on --resume (accepted when the run started, perhaps by a credo
+    # that declared fewer readers): a warning; an override of the resume is still refused
+    assert load_run_config(str(preset), resumed=True).rollout.vllm.mode == "server"
+    with pytest.raises(ConfigError, match=r"^critic.lr: .*\(override 0.5\)"):
+        load_run_config(str(preset), ["critic.lr=0.5"], resumed=True)
     # ... unless the preset reads it and an override switched its stage off: a warning (a resume with
     # distributed.backend=none over a torchrun run's config, dynamic_sampling=false over DAPO's preset)
     preset.write_text("rollout:\n  collector:\n    dynamic_sampling: true\n    max_gen_batches: 5\n")
