@@ -199,11 +199,12 @@ def _cuda(cfg: Any) -> bool:
 
 _CORE = {
     "fresh_model": Reader(lambda c: c.model.path is None, "model.path=null (a freshly built model)"),
-    "pretrained_model": Reader(lambda c: c.model.path is not None, "a model.path"),
+    "pretrained_model": Reader(lambda c: c.model.path is not None or getattr(getattr(c, "critic", None), "path", None)
+                               is not None,
+                               "a model.path or critic.path"),
     "llava": Reader(lambda c: c.model.path is None and c.model.arch == "llava", "model.arch=llava (built)"),
     "file_or_hf_task": Reader(lambda c: c.task.name in ("file", "hf"), "task.name=file or hf"),
     "rg_task": Reader(lambda c: str(c.task.name).startswith("rg:"), "a task.name=rg:<dataset>"),
-    "hf_engine": Reader(lambda c: c.rollout.engine == "hf", "rollout.engine=hf"),
     "vllm_engine": Reader(lambda c: c.rollout.engine == "vllm", "rollout.engine=vllm"),
     "vllm_server": Reader(lambda c: c.rollout.vllm.mode == "server", "rollout.vllm.mode=server"),
     "vllm_torchdist": Reader(lambda c: c.rollout.vllm.weight_sync in ("auto", "torchdist"),

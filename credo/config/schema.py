@@ -168,7 +168,8 @@ class RolloutConfig:
     max_new_tokens: int = opt(12, "response length cap", min=1)
     max_batch_size: int = opt(256, "sequences per generation batch", min=1)
     lean_decode: bool = opt(True, "Llama / Qwen2 models: decode through credo's lean loop on a preallocated KV "
-                            "cache (credo.rollout.lean) instead of transformers' generic forward", read_if="hf_engine")
+                            "cache (credo.rollout.lean) instead of transformers' generic forward (also credo's HF engines beside "
+                            "vLLM: the warm start's and credo sft's evaluation)")
     engine: str = opt("hf", "hf = credo's engine on the policy's device; vllm = a vLLM engine (its CPU build or "
                       "CUDA vLLM, in process or a server: rollout.vllm, docs/vllm.md)", choices=("hf", "vllm"))
     vllm: VLLMConfig = opt(None, "engine=vllm: how vLLM runs", factory=lambda: VLLMConfig(), read_if="vllm_engine")

@@ -147,7 +147,9 @@ def test_unread_keys_follow_the_configuration():
     base = unread_keys(load_config(None))
     assert "rollout.vllm.mode" in base and "rollout.lean_decode" not in base and "critic.lr" in base
     vllm = unread_keys(load_config(None, ["rollout.engine=vllm", "algo.advantage=gae"]))
-    assert "rollout.vllm.mode" not in vllm and "rollout.lean_decode" in vllm and "critic.lr" not in vllm
+    assert "rollout.vllm.mode" not in vllm and "critic.lr" not in vllm
+    # the HF engines beside vLLM (the warm start's evaluation) still decode through the lean loop
+    assert "rollout.lean_decode" not in vllm and "model.trust_remote_code" in vllm
     assert set(leaf_keys(load_config(None))) >= set(base)
 
 
