@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 
 from credo.config.fields import opt, type_key
-from credo.config.reads import READERS, Reader
+from credo.config.reads import READERS, Reader, warm_start_on
 from credo.config.validate import ConfigError, did_you_mean, register_validator, wrap
 
 
@@ -260,7 +260,7 @@ def _check_task_spaces(cfg, a: AgentCollectorConfig, used: set) -> None:
             wrap(f"rollout.collector.env_params.{env}",
                  lambda: [space(check_env_params(env, params), split) for split in ("train", "eval")])
     no_oracle = sorted(e for e in used if not e.startswith(REMOTE_PREFIX) and get_env_spec(e).oracle is None)
-    if no_oracle and cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
+    if no_oracle and warm_start_on(cfg) and cfg.warm_start.steps > 0:
         raise ConfigError(f"warm_start.steps: {', '.join(no_oracle)} has no oracle to imitate; set warm_start.steps=0 "
                           f"(or start from a model trained elsewhere: model.path)")
 
@@ -298,7 +298,7 @@ def _check_remote(cfg) -> None:
             raise ConfigError(f"agent.remote.{key}: expected [lo, hi), got {value!r}")
     a = cfg.rollout.collector
     wrap("agent.remote", lambda: remote_adapter(a, remote_name(a)))
-    if cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
+    if warm_start_on(cfg) and cfg.warm_start.steps > 0:
         raise ConfigError("warm_start.steps: an AgentGym environment has no oracle to imitate; set "
                           "warm_start.steps=0 (or start from a model trained elsewhere: model.path)")
 
@@ -356,7 +356,7 @@ def validate_gateway(cfg) -> None:
                 or not isinstance(v.get("args") or {}, dict):
             raise ConfigError(f"rollout.collector.verifiers: expected {{env: <module, package or hub id>, args: "
                               f"{{...}}, ...}} (credo.gateway.verifiers_env), got {v!r}")
-        if cfg.warm_start.enabled is not False and cfg.warm_start.steps > 0:
+        if warm_start_on(cfg) and cfg.warm_start.steps > 0:
             raise ConfigError("warm_start.steps: a verifiers environment brings no demonstrations to imitate; set "
                               "warm_start.steps=0 (or start from a model trained elsewhere: model.path)")
         if g.reward_from == "verifier" and cfg.reward.name is None:

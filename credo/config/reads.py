@@ -183,7 +183,8 @@ def _critic_on(cfg: Any) -> bool:
     return bool({"values", "value_quantiles"} & set(needs))
 
 
-def _warm_start_on(cfg: Any) -> bool:
+def warm_start_on(cfg: Any) -> bool:
+    """Whether the run warm-starts (``warm_start.enabled``, or null: a freshly built model)."""
     w = cfg.warm_start.enabled
     return (cfg.model.path is None) if w is None else bool(w)
 
@@ -227,7 +228,7 @@ _CORE = {
     "critic": Reader(_critic_on, "a critic (critic.enabled=true, or null with an estimator that reads values)"),
     "packing": Reader(lambda c: c.train.pack, "train.pack=true"),
     "lr_decay": Reader(lambda c: c.train.lr_schedule != "constant", "train.lr_schedule=cosine or linear"),
-    "warm_start": Reader(_warm_start_on, "a warm start (warm_start.enabled=true, or null with model.path=null)"),
+    "warm_start": Reader(warm_start_on, "a warm start (warm_start.enabled=true, or null with model.path=null)"),
     "wandb": Reader(lambda c: "wandb" in c.log.trackers, "log.trackers with wandb"),
     "mlflow": Reader(lambda c: "mlflow" in c.log.trackers, "log.trackers with mlflow"),
     "trackio": Reader(lambda c: "trackio" in c.log.trackers, "log.trackers with trackio"),

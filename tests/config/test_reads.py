@@ -99,6 +99,17 @@ def test_keys_of_choices_sections_and_method_packages():
                                "rollout.collector.retries=5"])
 
 
+def test_validators_ask_for_warm_start_keys_only_when_the_run_warm_starts():
+    """Regression: the gateway's verifiers check asked for warm_start.steps=0 whenever warm_start.enabled was not
+    false, also with a model.path (no warm start), where credo train then refused warm_start.steps=0 as unread."""
+    verifiers = ["rollout.collector.type=gateway", "rollout.collector.verifiers={env: some_env}"]
+    with pytest.raises(ConfigError, match="^warm_start.steps: a verifiers environment"):
+        load_run_config(None, verifiers)  # a fresh model warm-starts: the check applies
+    assert load_run_config(None, [*verifiers, "model.path=/models/m"]).warm_start.steps == 100
+    with pytest.raises(ConfigError, match="^warm_start.steps: the run would not read"):
+        load_run_config(None, [*verifiers, "model.path=/models/m", "warm_start.steps=0"])
+
+
 def test_a_harmless_key_is_a_warning(caplog):
     # a CUDA-only vLLM knob on a CPU run: vLLM's CPU build ignores it (documented on the field)
     with caplog.at_level(logging.WARNING, logger="credo.config.reads"):
