@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from credo.config.loader import load_config_sources
-from credo.config.reads import default_of, leaf_keys, unread_keys
+from credo.config.reads import leaf_keys, unread_keys, verdicts
 from credo.recipes.cli_common import config_args
 
 EXIT_REFUSED = 2
@@ -31,16 +31,13 @@ def add_commands(sub) -> None:
 
 def rows(cfg: Any, sources: dict[str, str]) -> list[dict[str, Any]]:
     """One row per key: ``key, value, source, read`` (bool), ``needs`` (what a key not read would need), and
-    ``refused`` (a key ``credo train`` refuses: given, not read, not harmless; credo.config.reads.check_reads)."""
-    unread, out = unread_keys(cfg), []
-    turned_off = getattr(sources, "turned_off", frozenset())
-    for key, (value, f, _) in leaf_keys(cfg).items():
-        source, u = sources.get(key, "default"), unread.get(key)
-        given = u is not None and (source == "override" or (source == "preset" and value != default_of(f)))
-        soft = u is not None and (u.harmless or (source == "preset" and key in turned_off))
-        out.append({"key": key, "value": value, "source": source, "read": u is None,
-                    "needs": None if u is None else u.says(), "refused": bool(given and not soft),
-                    "warned": bool(given and soft)})
+    ``refused`` / ``warned``: what ``credo train`` does with it (credo.config.reads.verdicts)."""
+    unread, judged, out = unread_keys(cfg), verdicts(cfg, sources), []
+    for key, (value, _, _) in leaf_keys(cfg).items():
+        u, verdict = unread.get(key), judged.get(key, (None,))[0]
+        out.append({"key": key, "value": value, "source": sources.get(key, "default"), "read": u is None,
+                    "needs": None if u is None else u.says(), "refused": verdict == "refuse",
+                    "warned": verdict == "warn"})
     return out
 
 

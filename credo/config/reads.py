@@ -32,6 +32,7 @@ from typing import Any, Callable
 from credo.config.validate import BUILTIN_VALIDATORS
 from credo.errors import ConfigError
 from credo.registry import Registry
+from credo.tracking.trackers import flatten
 
 log = logging.getLogger(__name__)
 
@@ -106,44 +107,48 @@ def default_of(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def check_reads(cfg: Any, sources: dict[str, str], *, resumed: bool = False) -> list[Unread]:
-    """Refuse a key the run will not read that a preset or an override gives: an override always (the user typed
-    it), a preset's key when its value is not the default (a run directory's full ``config.yaml`` repeats every
-    default) and the preset on its own does not read it either. A harmless reader's key, and a preset's key an
-    override switched off (``Sources.turned_off``: ``dynamic_sampling=false`` over a preset's ``max_gen_batches``,
-    a resume's ``distributed.backend=none``), are logged as warnings instead; returns those. ``resumed``: the
-    preset is a run directory's own config.yaml, accepted when the run started (perhaps by an older credo that
-    declared fewer readers): none of its keys is refused, only the overrides."""
-    keys, warned = leaf_keys(cfg), []
+def verdicts(cfg: Any, sources: dict[str, str], *, resumed: bool = False) -> dict[str, tuple[str, Unread]]:
+    """The keys of ``cfg`` the run will not read that a preset or an override gives, as ``key -> (verdict,
+    unread)`` with verdict ``refuse`` or ``warn`` (one sentence why in :func:`warning`):
+
+    - an override: refused (the user typed it), even at its default value;
+    - a preset's key at its default value: not given (a full ``config.yaml`` repeats every default);
+    - a preset's key the preset on its own reads but the overrides switched off (``Sources.turned_off``:
+      ``dynamic_sampling=false`` over a preset's ``max_gen_batches``, a resume's ``distributed.backend=none``), and
+      with ``resumed`` any key of the run directory's own config (accepted when the run started, perhaps by an
+      older credo that declared fewer readers): a warning; any other preset key: refused;
+    - a harmless reader's key: a warning."""
+    keys, out = leaf_keys(cfg), {}
     turned_off = getattr(sources, "turned_off", frozenset())
     for key, unread in unread_keys(cfg).items():
         source = sources.get(key, "default")
         value, f, _ = keys[key]
         if source == "default" or (source == "preset" and value == default_of(f)):
             continue
-        if unread.harmless or (source == "preset" and (resumed or key in turned_off)):
-            why = "harmless" if unread.harmless else "kept from the run's config" if resumed and key not in \
-                turned_off else "the overrides turned its stage off"
-            log.warning("%s: not read by this run (only with %s); %s, ignored", key, unread.says(), why)
-            warned.append(unread)
-            continue
-        given = "override" if source == "override" else "preset"
-        raise ConfigError(f"{key}: the run would not read this key ({given} {value!r}): it is read only with "
-                          f"{unread.says()}; remove it or change the setting it depends on")
+        soft = unread.harmless or (source == "preset" and (resumed or key in turned_off))
+        out[key] = ("warn" if soft else "refuse", unread)
+    return out
+
+
+def check_reads(cfg: Any, sources: dict[str, str], *, resumed: bool = False) -> list[Unread]:
+    """Refuse (:class:`ConfigError`) the first key :func:`verdicts` refuses; log the warnings and return them."""
+    warned = []
+    for key, (verdict, unread) in verdicts(cfg, sources, resumed=resumed).items():
+        if verdict == "refuse":
+            given = "override" if sources.get(key) == "override" else "preset"
+            raise ConfigError(f"{key}: the run would not read this key ({given} {leaf_keys(cfg)[key][0]!r}): it is "
+                              f"read only with {unread.says()}; remove it or change the setting it depends on")
+        log.warning("%s: not read by this run (only with %s); ignored", key, unread.says())
+        warned.append(unread)
     return warned
 
 
 # ----------------------------------------------------------------------------- where each key came from
 
 
-def flat_paths(data: Any, prefix: str = "") -> set[str]:
-    """The dotted paths of a nested mapping's leaves (a mapping value is walked into, anything else is a leaf)."""
-    if not isinstance(data, dict) or not data:
-        return {prefix[:-1]} if prefix else set()
-    out: set[str] = set()
-    for k, v in data.items():
-        out |= flat_paths(v, f"{prefix}{k}.")
-    return out
+def flat_paths(data: dict[str, Any]) -> set[str]:
+    """The dotted paths of a nested mapping's leaves (:func:`credo.tracking.trackers.flatten`'s keys)."""
+    return set(flatten(data))
 
 
 def source_of(key: str, given: set[str]) -> bool:
