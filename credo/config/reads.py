@@ -231,6 +231,7 @@ _CORE = {
     "rollout_correction": Reader(_correction_on, "algo.rollout_correction on (auto: with rollout.engine=vllm)"),
     "sft_term": Reader(lambda c: c.algo.sft_coef > 0, "algo.sft_coef > 0"),
     "critic": Reader(_critic_on, "a critic (critic.enabled=true, or null with an estimator that reads values)"),
+    "budget": Reader(lambda c: c.train.budget != "steps", "train.budget=sampled_tokens, trained_tokens or wall_s"),
     "packing": Reader(lambda c: c.train.pack, "train.pack=true"),
     "lr_decay": Reader(lambda c: c.train.lr_schedule != "constant", "train.lr_schedule=cosine or linear"),
     "warm_start": Reader(warm_start_on, "a warm start (warm_start.enabled=true, or null with model.path=null)"),

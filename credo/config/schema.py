@@ -308,6 +308,12 @@ class CriticConfig:
 @dataclass
 class TrainConfig:
     steps: int = opt(200, "RL steps (one rollout batch each)", min=0)
+    budget: str = opt("steps", "what ends the run: steps (train.steps), or the first step at which the run's total "
+                      "of sampled_tokens (response tokens the engine generated, filtered or not), trained_tokens "
+                      "(response tokens in the update batches) or wall_s (RL wall seconds) reaches "
+                      "train.budget_value; train.steps stays an upper bound (credo compare's matched budgets, "
+                      "docs/evidence.md)", choices=("steps", "sampled_tokens", "trained_tokens", "wall_s"))
+    budget_value: float = opt(0.0, "the train.budget total that ends the run", min=0.0, read_if="budget")
     prompts_per_step: int = opt(16, "prompts per step; sequences = prompts_per_step * group_size", min=1)
     ppo_epochs: int = opt(1, "passes over each rollout batch", min=1)
     mini_batch_size: int | None = opt(None, "sequences per optimizer step (null = whole batch)", min=1)
@@ -434,6 +440,8 @@ class LogConfig:
     progress: bool = opt(True, "live progress bar (plain lines when not a terminal)")
     print_every: int = opt(10, "plain-text progress line every N steps when not a terminal", min=1)
     report: bool = opt(True, "write report.html and plots at the end")
+    mechanism: bool = opt(False, "log method-blind mechanism diagnostics (mech/*: where the policy gradient goes, "
+                          "by clip region, entropy and probability; docs/evidence.md)")
     rollouts_every: int = opt(0, "dump every N-th step's training samples (tokens, loss mask, advantages, turns, "
                               "text, reward) to RUN_DIR/rollouts.jsonl; 0 = off", min=0)
 
