@@ -255,6 +255,7 @@ def collect_agent_rollouts(opts: AgentOptions, engine, tokenizer, sampler, *, st
     finals = [i for i, t in enumerate(trajs) if "closed_segment" not in t.info]  # one per episode
     metrics = rollout_metrics(trajs, results) | episode_metrics([trajs[i] for i in finals], [results[i] for i in finals],
                                                                 prefix="agent")
+    metrics.update(group_diversity([trajs[i] for i in finals]))
     if loop.tools is not None:
         metrics.update(tool_metrics([trajs[i].info for i in finals]))
         metrics["render/rows_per_episode"] = len(trajs) / max(len(finals), 1)
@@ -392,6 +393,27 @@ def episode_metrics(trajs: list[Trajectory], results: list[RewardResult], prefix
     if len(by_env) > 1:
         out.update({f"{prefix}/{env}/success_rate": sum(v) / len(v) for env, v in by_env.items()})
     return out
+
+
+def group_diversity(trajs: list[Trajectory]) -> dict[str, float]:
+    """How different a prompt's episodes are (what branching rollouts spend their budget on; docs/agents.md
+    "Metrics and report"), averaged over the step's groups: ``agent/distinct_episodes_per_group`` (distinct
+    response token sequences: every generated turn and observation), ``agent/distinct_answers_per_group``
+    (distinct final assistant turns) and ``agent/distinct_share`` (distinct episodes over the group's size)."""
+    groups: dict[int, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        groups[t.group_id].append(t)
+    if not groups:
+        return {}
+    episodes, answers, share = [], [], []
+    for rows in groups.values():
+        distinct = len({tuple(t.response_ids) for t in rows})
+        episodes.append(distinct)
+        answers.append(len({tuple(t.response_ids[t.turns[-1][0]:t.turns[-1][1]]) if t.turns else () for t in rows}))
+        share.append(distinct / len(rows))
+    return {"agent/distinct_episodes_per_group": statistics.fmean(episodes),
+            "agent/distinct_answers_per_group": statistics.fmean(answers),
+            "agent/distinct_share": statistics.fmean(share)}
 
 
 # ----------------------------------------------------------------------------- evaluation

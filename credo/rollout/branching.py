@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from typing import Any, Callable
 
 import torch
@@ -72,6 +73,9 @@ class _State:
         self.consecutive: dict[int, int] = {}  # id(episode) -> branches in consecutive rounds (AEPO penalty)
         self.counts = {"global": 0, "branch": 0, "fill": 0}
         self.budget_split: list[int] = []
+        # one row per branch decision (a draw against the branch probability): (H_t, H_t - H_init, branches made,
+        # consecutive branching rounds before it); summarised by decision_stats
+        self.decisions: list[tuple[float, float, int, int]] = []
 
     # ---------------------------------------------------------------- episodes
     def _new(self, g: int, kind: str) -> Episode:
@@ -162,6 +166,7 @@ class _State:
                     eps.append(branch)
                     self.counts["branch"] += 1
                     made += 1
+                self.decisions.append((ep.turn_entropy[-1], delta, made, self.consecutive.get(id(ep), 0)))
                 if made:
                     branched_now.add(id(ep))
         self.consecutive = {k: self.consecutive.get(k, 0) + 1 for k in branched_now}
@@ -179,7 +184,31 @@ class _State:
         sizes = [len(eps) for eps in self.groups]
         return {"branch/global": self.counts["global"], "branch/branches": self.counts["branch"],
                 "branch/fill": self.counts["fill"], "branch/episodes_per_prompt": sum(sizes) / max(len(sizes), 1),
-                "branch/initial_mean": sum(self.budget_split) / max(len(self.budget_split), 1)}
+                "branch/initial_mean": sum(self.budget_split) / max(len(self.budget_split), 1),
+                **decision_stats(self.decisions)}
+
+
+def decision_stats(decisions: list[tuple[float, float, int, int]]) -> dict[str, float]:
+    """Where the branches were taken (docs/agents.md#arpo-and-aepo-branching-rollouts-credorolloutbranchingpy), from
+    one ``(H_t, dH, branches made, consecutive rounds before)`` row per branch decision: ``branch/decisions``;
+    the mean segment entropy H_t and entropy change dH = H_t - H_init at the decisions that branched
+    (``branch/entropy_branched``, ``branch/dH_branched``) and at those that did not (``..._unbranched``);
+    ``branch/above_median_share``, the share of the branching decisions whose H_t is above the median H_t of all
+    decisions (about 0.5 when branching ignores entropy); ``branch/consecutive_share``, the share of branching
+    decisions taken by an episode that also branched in the previous round (what AEPO's penalty lowers). A key
+    whose set of decisions is empty is left out (no value, rather than a made-up 0)."""
+    out: dict[str, float] = {"branch/decisions": float(len(decisions))}
+    took = [d for d in decisions if d[2] > 0]
+    left = [d for d in decisions if d[2] == 0]
+    for name, rows in (("branched", took), ("unbranched", left)):
+        if rows:
+            out[f"branch/entropy_{name}"] = sum(d[0] for d in rows) / len(rows)
+            out[f"branch/dH_{name}"] = sum(d[1] for d in rows) / len(rows)
+    if took:
+        median = statistics.median(d[0] for d in decisions)
+        out["branch/above_median_share"] = sum(d[0] > median for d in took) / len(took)
+        out["branch/consecutive_share"] = sum(d[3] > 0 for d in took) / len(took)
+    return out
 
 
 def _fork_client(src: Episode, factory: Callable[[Example], EnvClient]) -> EnvClient:

@@ -129,3 +129,43 @@ def test_arpo_branch_probability_follows_the_entropy_change():
         ep.turn_entropy = [1.0, 2.0]
         st._branch([ep], aepo=False)
         assert len(st.groups[0]) - 1 == expected
+
+
+def test_decision_stats_hand_computed():
+    from credo.rollout.branching import decision_stats
+
+    # (H_t, dH, branches made, consecutive rounds before); median H_t of the four decisions = (0.4 + 0.6) / 2 = 0.5
+    rows = [(0.2, -0.1, 0, 0), (0.4, 0.0, 1, 0), (0.6, 0.3, 0, 1), (0.8, 0.5, 1, 1)]
+    out = decision_stats(rows)
+    assert out["branch/decisions"] == 4
+    assert out["branch/entropy_branched"] == pytest.approx((0.4 + 0.8) / 2)
+    assert out["branch/entropy_unbranched"] == pytest.approx((0.2 + 0.6) / 2)
+    assert out["branch/dH_branched"] == pytest.approx((0.0 + 0.5) / 2)
+    assert out["branch/dH_unbranched"] == pytest.approx((-0.1 + 0.3) / 2)
+    assert out["branch/above_median_share"] == pytest.approx(0.5)  # 0.8 is above 0.5, 0.4 is not
+    assert out["branch/consecutive_share"] == pytest.approx(0.5)  # the 0.8 decision followed a branching round
+    # no branch taken: the branched-side keys are left out, not zero
+    none = decision_stats([(0.3, 0.0, 0, 0)])
+    assert none == {"branch/decisions": 1.0, "branch/entropy_unbranched": 0.3, "branch/dH_unbranched": 0.0}
+    assert decision_stats([]) == {"branch/decisions": 0.0}
+
+
+def test_branch_decisions_are_recorded_with_their_entropy_and_streak():
+    # three rounds of one AEPO episode with H_init 1.0, H_t 2.0: p = 0.7, then 0.7 * 0.5 = 0.35 after a branch
+    st, ep = _fake_state({"branch_probability": 0.5, "entropy_weight": 0.2, "consecutive_penalty": 0.5},
+                         [0.6, 0.6, 0.6])
+    ep.turn_entropy = [1.0, 2.0]
+    for _ in range(3):
+        st._branch([ep], aepo=True)
+    # round 1: u 0.6 < 0.7 branches (streak 0); round 2: 0.6 >= 0.35 no (streak 1); round 3: streak reset, branches
+    assert st.decisions == [(2.0, 1.0, 1, 0), (2.0, 1.0, 0, 1), (2.0, 1.0, 1, 0)]
+    stats = st.stats()
+    assert stats["branch/decisions"] == 3 and stats["branch/consecutive_share"] == 0.0
+    assert stats["branch/dH_branched"] == pytest.approx(1.0)
+
+
+def test_real_rollouts_log_their_branch_decisions(tiny_model):
+    loop, examples = _setup(tiny_model)
+    _, _, stats = _run(loop, examples, "arpo", seed=1, branch_probability=0.9)
+    assert stats["branch/decisions"] >= stats["branch/branches"] > 0  # beam 2: at most one branch per decision
+    assert 0.0 <= stats["branch/above_median_share"] <= 1.0
