@@ -23,6 +23,7 @@ import torch
 
 from credo.algo import compute_advantages, masked_mean
 from credo.algo.advantages import discounted_returns, explained_variance, token_rewards
+from credo.algo.advantages.common import masked_var
 from credo.guards.logprobs import check_behaviour_logprobs, check_first_ratio
 from credo.models.lora import adapters_disabled, is_lora
 from credo.recipes.estimator_inputs import InputContext, estimator_inputs
@@ -188,6 +189,7 @@ def step_metrics(batch: TrainBatch, trajs, timer: Timer, *, step: int) -> dict[s
     n_resp = float(batch.response_mask.sum())
     n_total = n_resp + sum(len(t.prompt_ids) for t in trajs)
     out = {"advantages/abs_mean": float(masked_mean(batch.advantages.abs(), batch.response_mask)),
+           "advantages/std": float(masked_var(batch.advantages, batch.response_mask).sqrt()),  # over loss tokens
            "perf/tokens_per_s": n_total / max(timer.seconds["step"], 1e-9),
            "perf/gen_tokens_per_s": n_resp / max(timer.seconds["gen"], 1e-9), "perf/response_tokens": n_resp}
     versions = [t.policy_version for t in trajs]

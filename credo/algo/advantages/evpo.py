@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from credo.algo.advantages.common import explained_variance, masked_whiten
+from credo.algo.advantages.common import explained_variance, masked_var, masked_whiten
 from credo.algo.advantages.outcome import grpo_advantage
 from credo.algo.advantages.returns import gae
 from credo.algo.registry import register_advantage
@@ -62,5 +62,26 @@ def evpo_advantage(
             use_critic[rows] = explained_variance(returns[rows], values[rows].detach(), response_mask[rows],
                                                   eps=ev_eps) > threshold
     adv = torch.where(use_critic.unsqueeze(-1), gae_adv, group_adv.to(gae_adv.dtype))
-    metrics = {"evpo/explained_variance": ev, "evpo/use_critic": float(use_critic.float().mean())}
+    metrics = {"evpo/explained_variance": ev, "evpo/use_critic": float(use_critic.float().mean()),
+               **_residual_variances(rewards, group_ids, response_mask, returns, values.detach(), use_critic)}
     return AdvantageOutput(advantages=adv, returns=returns, metrics=metrics)
+
+
+def _residual_variances(rewards, group_ids, response_mask, returns, values, use_critic) -> dict[str, float]:
+    """Variance over the loss tokens of the un-normalised advantage (return minus baseline) under each baseline,
+    the quantity the gate's guarantee is about (docs/algorithms/evpo.md, "Evidence"):
+
+    - ``evpo/resid_var_critic``: Var(Ret - V), the critic's;
+    - ``evpo/resid_var_batch``: Var(Ret), the batch-mean baseline's (EV's denominator: EV > 0 iff critic < batch);
+    - ``evpo/resid_var_group``: Var(R - mean_g R), the group-mean baseline of the GRPO branch (no std division);
+    - ``evpo/resid_var_chosen``: the same for the baseline the gate picked per row;
+    - ``evpo/picked_lower``: 1 when the chosen variance is at most the smaller of critic and group (+1e-12).
+    """
+    critic = returns - values
+    group = grpo_advantage(rewards=rewards, group_ids=group_ids, response_mask=response_mask,
+                           norm_std=False).advantages.to(critic.dtype)
+    chosen = torch.where(use_critic.unsqueeze(-1), critic, group)
+    v = {name: float(masked_var(x, response_mask))
+         for name, x in (("critic", critic), ("batch", returns), ("group", group), ("chosen", chosen))}
+    return {**{f"evpo/resid_var_{k}": x for k, x in v.items()},
+            "evpo/picked_lower": float(v["chosen"] <= min(v["critic"], v["group"]) + 1e-12)}

@@ -100,7 +100,17 @@ def papo_advantage(
     if renormalize:
         new_adv = new_adv * (adv.abs().sum() / new_adv.abs().sum().clamp(min=1e-12))
     n = mask.sum().clamp(min=1)
+    expand = (polarity > 0).to(adv.dtype) * mask
     metrics = {"papo/phase": phi, "papo/w_pos": w_pos, "papo/w_neg": w_neg,
-               "papo/frac_expand": float(((polarity > 0).float() * mask).sum() / n),
-               "papo/mean_polarity": float(polarity.sum() / n), **base_out.metrics}
+               "papo/frac_expand": float(expand.sum() / n),
+               "papo/mean_polarity": float(polarity.sum() / n),
+               # share of the advantage mass sum|A| on the expansion branch (P > 0), before and after reweighting
+               "papo/expand_share_base": _share(adv * mask, expand), "papo/expand_share": _share(new_adv, expand),
+               **base_out.metrics}
     return AdvantageOutput(advantages=new_adv, returns=new_adv, metrics=metrics)
+
+
+def _share(adv: torch.Tensor, select: torch.Tensor) -> float:
+    """sum |adv| over the selected tokens / sum |adv| (0 when every advantage is 0)."""
+    total = float(adv.abs().sum())
+    return float((adv.abs() * select).sum()) / total if total > 0 else 0.0
