@@ -141,6 +141,11 @@ def validate_batches(cfg: Any) -> None:
     if t.mixed_precision != "none" and cfg.model.dtype != "float32":
         raise ConfigError(f"train.mixed_precision={t.mixed_precision}: needs model.dtype=float32 (the float32 master "
                           f"weights), got {cfg.model.dtype}")
+    if t.budget != "steps" and t.budget_value <= 0:
+        raise ConfigError(f"train.budget_value: train.budget={t.budget} needs a positive budget_value")
+    if t.budget != "steps" and cfg.distributed.backend != "none":
+        raise ConfigError(f"train.budget={t.budget}: not implemented with several ranks (the ranks would have to agree "
+                          "on the step that spends the budget); use train.budget=steps or one process")
     if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in t.betas):
         raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {t.betas!r}")
 

@@ -38,6 +38,7 @@ from credo.models import ValueModel, load_model, load_or_build, num_parameters
 from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
                                   save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
+from credo.recipes.budget import add_spend, finished
 from credo.recipes.lora_stage import lora_policy
 from credo.recipes.preemption import Preempted, StopSignals
 from credo.recipes.stages import (COLLECTOR_KEY, build_collector, build_plan, load_reference,
@@ -53,6 +54,7 @@ from credo.train.mixed_precision import load_scaler_state, scaler_state
 from credo.train.optim import build_optimizer, build_scheduler
 from credo.train.plan import StepPlan
 from credo.tracking.timer import Timer
+from credo.rollout.counting import SampledTokens
 from credo.train.transforms import BuildContext, build_transforms
 from credo.types import SamplingParams
 
@@ -69,6 +71,8 @@ class RunState:
     wall_s: float = 0.0  # training wall time summed over (resumed) segments
     bad_rows: int = 0  # malformed dataset rows skipped
     entropy_history: list[float] = field(default_factory=list)  # batch-mean entropy per step
+    sampled_tokens: int = 0  # response tokens the engine sampled for training (credo.recipes.budget)
+    trained_tokens: float = 0.0  # response tokens in the update batches
 
 
 @dataclass
@@ -93,6 +97,7 @@ class Parts:
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: Any = None
     guards: Guards = field(default_factory=Guards)  # the runtime guards (credo.guards), their counters in every step
+    sampled: SampledTokens = field(default_factory=SampledTokens)  # the engine's sampled tokens (credo.recipes.budget)
 
 
 # ============================================================================ entry point
@@ -169,10 +174,11 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
                                                 trackers=dp.rank == 0))
     optimizer = build_optimizer(model, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas,
                                 offload=cfg.train.optimizer_offload and cfg.distributed.strategy != "fsdp2")
-    engine = None
+    engine, sampled = None, SampledTokens()
     if not rollout.follower:  # Ray mode: rank 0 alone drives the rollout and reward pools
         engine = rollout_engine(cfg, model, tokenizer, seed=rollout.engine_seed(cfg.seed), log_dir=run_dir)
         stack.callback(engine.close)
+        sampled.attach(engine)  # train.budget=sampled_tokens counts every call the collectors make
     sampler = rollout.sampler(prompt_sampler(data.train, seed=cfg.seed, curriculum=cfg.task.curriculum))
     guards = Guards(cfg.guards)
     collector = build_collector(cfg, engine=engine, runner=runner, model=model, tokenizer=tokenizer, data=data,
@@ -183,7 +189,7 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
     return Parts(model=model, tokenizer=tokenizer, engine=engine, runner=runner, optimizer=optimizer,
                  scheduler=_scheduler(cfg, optimizer), data=data, logger=logger, collector=collector,
                  transforms=transforms, plan=build_plan(cfg, transforms), rollout=rollout, dp=dp,
-                 guards=guards)
+                 guards=guards, sampled=sampled)
 
 
 def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
@@ -210,11 +216,14 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
     with StepProgress("rl", cfg.train.steps, state.step, enabled=cfg.log.progress,
                       print_every=cfg.log.print_every) as bar, StopSignals(on_signal) as signals:
         bar.update(state.step, state.last_eval)
-        while state.step < cfg.train.steps:
+        last = finished(cfg, state)  # a resumed run that had already ended
+        while not last:  # train.steps, or train.budget reached (credo.recipes.budget): `last` is the only exit
             t0 = time.perf_counter()
             metrics = rl_step(cfg, parts, state, step=state.step)
             state.step += 1
-            if eval_due(cfg, state.step):
+            add_spend(state, metrics, sampled=parts.sampled.take(), wall_s=time.perf_counter() - t0)
+            last = finished(cfg, state) if cfg.train.budget != "wall_s" else finished_after(cfg, state, t0)
+            if eval_due(cfg, state.step, last=last):
                 timer = Timer()
                 with timer("eval"):
                     state.last_eval = evaluate_now(cfg, parts, run_dir, state.step)
@@ -224,10 +233,10 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
             # checkpoint (whose later rows are truncated), never from one whose step has no row
             parts.logger.log(state.step, metrics)
             stop = signals.requested(parts.dp)
-            if checkpoint_due(cfg, state.step) or (stop and state.step < cfg.train.steps):
+            if checkpoint_due(cfg, state.step, last=last) or (stop and not last):
                 checkpoint(cfg, run_dir, state, parts)
             bar.update(state.step, metrics)
-            if stop and state.step < cfg.train.steps:  # the last step goes on to write final/ and the summary
+            if stop and not last:  # the last step goes on to write final/ and the summary
                 raise Preempted(f"{stop} after RL step {state.step}: checkpoint step_{state.step:06d} written in "
                                 f"{run_dir}; continue with: credo train --resume {run_dir}")
 
@@ -245,9 +254,12 @@ def checkpoint(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> 
 
 
 def evaluate_now(cfg: RunConfig, parts: Parts, run_dir: Path, step: int, *, force_sync: bool = False) -> dict:
-    """Held-out evaluation of the current policy (rank 0's, broadcast, in Ray mode)."""
-    return parts.rollout.evaluate(lambda: run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=step),
-                                  step, force_sync=force_sync)
+    """Held-out evaluation of the current policy (rank 0's, broadcast, in Ray mode); its tokens are not counted as
+    sampled for training."""
+    def run() -> dict:
+        with parts.sampled.paused():
+            return run_eval(cfg, parts.engine, parts.runner, parts.data, run_dir, step=step)
+    return parts.rollout.evaluate(run, step, force_sync=force_sync)
 
 
 def shard_policy_of(cfg: RunConfig, parts: Parts) -> None:
@@ -282,12 +294,18 @@ def total_optimizer_steps(cfg: RunConfig) -> int:
     return cfg.train.steps * cfg.train.ppo_epochs * max(batch // (cfg.train.mini_batch_size or batch), 1)
 
 
-def eval_due(cfg: RunConfig, step: int) -> bool:
-    return step == cfg.train.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0)
+def eval_due(cfg: RunConfig, step: int, *, last: bool = False) -> bool:
+    return last or step == cfg.train.steps or (cfg.eval.every > 0 and step % cfg.eval.every == 0)
 
 
-def checkpoint_due(cfg: RunConfig, step: int) -> bool:
-    return step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0)
+def checkpoint_due(cfg: RunConfig, step: int, *, last: bool = False) -> bool:
+    return last or step == cfg.train.steps or (cfg.checkpoint.every > 0 and step % cfg.checkpoint.every == 0)
+
+
+def finished_after(cfg: RunConfig, state: RunState, t0: float) -> bool:
+    """train.budget=wall_s: whether the step that started at ``t0`` ends the run (its wall time is added to
+    ``state.wall_s`` after the evaluation; the decision is taken before it, so the last step is evaluated)."""
+    return state.step >= cfg.train.steps or state.wall_s + (time.perf_counter() - t0) >= cfg.train.budget_value
 
 
 def trainer_state(state: RunState, parts: Parts) -> dict[str, Any]:
