@@ -143,11 +143,18 @@ def add_run_commands(sub) -> None:
 
 def add_run_tools(sub) -> None:
     """``credo compare | report | list | model prepare``."""
-    p = sub.add_parser("compare", help="run presets x seeds on the same task; table + plot")
-    p.add_argument("--presets", required=True, help="comma-separated preset names, e.g. grpo,gppo,aspo")
-    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
-    p.add_argument("--target", type=float, default=0.6, help="greedy accuracy for the steps-to-target column")
-    p.add_argument("--out", default="runs/compare", help="output directory (finished runs in it are reused)")
+    p = sub.add_parser("compare", help="arms x seeds under one budget: means, 95% intervals, paired differences to a "
+                       "baseline, learning curves with bands (docs/evidence.md)")
+    p.add_argument("spec", nargs="?", help="a compare spec YAML (arms, baseline, seeds, budget, metrics); or --presets")
+    p.add_argument("--presets", help="comma-separated presets as arms, e.g. grpo,gppo,aspo (the first is the baseline)")
+    p.add_argument("--baseline", help="the arm the others are compared with (default: the spec's, or the first)")
+    p.add_argument("--seeds", type=int, help="number of seeds 0..N-1 (default: the spec's, or 5)")
+    p.add_argument("--budget", metavar="UNIT:VALUE", help="steps, sampled_tokens, trained_tokens or wall_s, e.g. "
+                   "trained_tokens:20000 (default: the spec's, or train.steps)")
+    p.add_argument("--jobs", type=int, help="runs at once (CPU threads are split between them)")
+    p.add_argument("--target", type=float, help="also report the first step whose greedy accuracy reaches TARGET")
+    p.add_argument("--out", help="output directory (default runs/compare/<name>); its finished runs are reused, "
+                   "its interrupted ones resumed")
     p.set_defaults(func=cmd_compare, overrides=[])
     p.epilog = "key=value overrides apply to every run, e.g. train.steps=100."
 
@@ -260,14 +267,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from credo.recipes.compare import compare
+    from credo.recipes.compare_spec import compare_spec_of
 
-    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-    if args.seeds < 1 or not presets:
-        raise ValueError("compare needs at least one preset and one seed")
-    out = compare(presets, list(range(args.seeds)), out_dir=Path(args.out), overrides=args.overrides,
-                  target=args.target)
+    if args.spec and "=" in args.spec and not Path(args.spec).is_file():  # an override argparse took for the spec
+        args.overrides.insert(0, args.spec)
+        args.spec = None
+    spec = compare_spec_of(args)
+    out = Path(args.out) if args.out else Path("runs") / "compare" / spec.name
+    command = " ".join(["credo", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else "credo compare"
+    data = compare(spec, out_dir=out, extra_overrides=tuple(args.overrides), command=command)
     print((out / "compare.md").read_text())
-    print(f"plot: {out / 'compare.png'}")
+    print(f"results: {out / 'compare.json'}; plot: {out / 'compare.png'}")
+    if data["failed"]:
+        print(f"credo: error: {len(data['failed'])} run(s) failed (their logs: {out}/<arm>/seed<k>.log)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

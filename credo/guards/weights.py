@@ -59,6 +59,14 @@ def weights_fingerprint(weights: torch.nn.Module | dict[str, torch.Tensor]) -> F
     return out
 
 
+def weights_digest(weights: torch.nn.Module | dict[str, torch.Tensor]) -> str:
+    """A short hex digest of :func:`weights_fingerprint` (names and values to 12 significant digits): equal
+    weights give equal digests; used to show that runs start from the same weights."""
+    fp = weights_fingerprint(weights)
+    text = ";".join(f"{k}:{p:.12g}:{s:.12g}" for k, (p, s) in fp.items())
+    return f"{zlib.crc32(text.encode()):08x}{zlib.adler32(text.encode()):08x}"
+
+
 def fingerprint_mismatch(trained: Fingerprint, served: Fingerprint, tol: float) -> str | None:
     """The first disagreement of two fingerprints (a sentence), or None when they agree."""
     missing = sorted(trained.keys() - served.keys())

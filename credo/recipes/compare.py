@@ -1,141 +1,181 @@
-"""``credo compare``: run several presets over several seeds on the same task and tabulate them.
+"""``credo compare``: arms x seeds under one budget, summarised with intervals (docs/evidence.md).
 
-Every run is a normal ``credo train`` run directory under ``OUT/<preset>/seed<k>`` (finished runs are
-reused, so an interrupted comparison continues where it stopped). The table reports, per preset,
-the final held-out greedy accuracy and avg@k (mean +- std over seeds), the first evaluation step at
-which greedy accuracy reached ``target`` (mean over the seeds that reached it), the policy entropy
-at the end, and the wall time. Written to ``OUT/compare.md``, ``OUT/compare.json`` and one figure,
-``OUT/compare.png``.
+    1. check      every arm's config builds (a bad preset or key fails before any run), OUT is this spec's
+    2. run        every (seed, arm) as a real ``credo train`` subprocess in OUT/<arm>/seed<k>, seed-major (the arms
+                  of seed 0, then of seed 1, ...), ``jobs`` at a time; a finished run (summary.json) is reused, one
+                  with a checkpoint is resumed: a killed compare continues where it stopped
+    3. summarise  each metric reduced to one number per run (credo.report.series), then per arm the mean and a
+                  bootstrap 95% interval over seeds, and per arm the paired difference to the baseline with its
+                  interval and a verdict only where the interval excludes 0 (credo.report.stats)
+    4. write      OUT/compare.json, OUT/compare.md and OUT/compare.png (learning curves, mean and 95% band)
+
+The same seed gives every arm the same data order (the prompt sampler is seeded by ``seed``) and, where the arms'
+model and warm-start settings agree, the same initial weights: each run records a digest of the policy's weights
+when RL starts (summary.json ``start_weights``) and compare.json says, per seed, whether the arms agree.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import statistics
-from dataclasses import asdict, dataclass
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from credo.config import load_run_config
-from credo.recipes.rlvr import train
+from credo.recipes.compare_report import curves, write_markdown, write_plot
+from credo.recipes.compare_spec import CompareSpec, SpecError
+from credo.report.series import reduce_series
+from credo.report.stats import FORMAT, metric_block
 from credo.tracking.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Row:
-    preset: str
-    seeds: int
-    greedy_acc: float
-    greedy_acc_std: float
-    avg_at_k: float
-    avg_at_k_std: float
-    start_greedy_acc: float
-    steps_to_target: float | None  # mean over the seeds that reached the target
-    reached: int  # how many seeds reached the target
-    final_entropy: float
-    wall_s: float
+@dataclasses.dataclass
+class RunResult:
+    arm: str
+    seed: int
+    run_dir: Path
+    ok: bool
+    seconds: float = 0.0
+    error: str = ""
 
 
-def compare(presets: list[str], seeds: list[int], *, out_dir: Path, overrides: list[str] = (),
-            target: float = 0.6) -> Path:
+def compare(spec: CompareSpec, *, out_dir: Path, extra_overrides: tuple[str, ...] = (),
+            command: str = "") -> dict[str, Any]:
+    """Run and summarise ``spec`` into ``out_dir`` (module docstring); returns compare.json's content. A failed run
+    is listed under ``failed`` and its seed left out of the statistics; the other runs still count."""
+    spec = dataclasses.replace(spec, overrides=(*spec.overrides, *extra_overrides))
     out_dir = Path(out_dir)
-    for preset in presets:  # validate every preset before spending minutes on the first
-        load_run_config(preset, list(overrides))
-    for preset in presets:
-        for seed in seeds:
-            run_dir = out_dir / label(preset) / f"seed{seed}"
-            if (run_dir / "summary.json").is_file():
-                log.info("reusing finished run %s", run_dir)
-                continue
-            log.info("compare: %s seed %d -> %s", preset, seed, run_dir)
-            cfg = load_run_config(preset, [*overrides, f"seed={seed}", "log.report=false"])
-            resume = (run_dir / "checkpoints" / "latest").is_file()  # else a crash before the first checkpoint:
-            train(cfg, run_dir=run_dir, resume=resume, overwrite=not resume)  # start that run again, cleanly
-    rows = [summarize(out_dir, preset, seeds, target) for preset in presets]
-    write_outputs(out_dir, rows, presets, seeds, target, list(overrides))
-    return out_dir
+    check_arms(spec)                                                   # 1. check
+    claim_out_dir(spec, out_dir)
+    results = run_all(spec, out_dir)                                   # 2. run
+    data = summarise(spec, out_dir, results, command=command)          # 3. summarise
+    write_outputs(out_dir, data)                                       # 4. write
+    return data
 
 
-def label(preset: str) -> str:
-    """A preset's name in the table and its runs' directory: the preset, or a YAML file's stem."""
-    return Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
+# ------------------------------------------------------------------------------------------------ 1. check
+
+def check_arms(spec: CompareSpec) -> None:
+    """Every arm's config builds with the first seed's overrides (ConfigError otherwise: exit 2, nothing written)."""
+    for label, arm in spec.arms.items():
+        load_run_config(arm.preset, spec.run_overrides(label, spec.seeds[0]))
 
 
-def summarize(out_dir: Path, preset: str, seeds: list[int], target: float) -> Row:
-    finals, avgs, starts, hits, ents, walls = [], [], [], [], [], []
-    for seed in seeds:
-        run_dir = out_dir / label(preset) / f"seed{seed}"
-        summary = json.loads((run_dir / "summary.json").read_text())
-        rows = read_metrics(run_dir / "metrics.jsonl")
-        finals.append(summary["final/eval/greedy_acc"])
-        avgs.append(next(v for k, v in summary.items() if k.startswith("final/eval/avg@")))
-        starts.append(summary["start/eval/greedy_acc"])
-        walls.append(summary.get("train_wall_s", 0.0))
-        reached = [r["step"] for r in rows if r.get("eval/greedy_acc") is not None and r["eval/greedy_acc"] >= target]
-        if reached:
-            hits.append(reached[0])
-        ents.append(next(r["actor/entropy"] for r in reversed(rows) if r.get("actor/entropy") is not None))
-    std = statistics.stdev if len(seeds) > 1 else (lambda xs: 0.0)
-    return Row(preset=label(preset), seeds=len(seeds), greedy_acc=statistics.fmean(finals), greedy_acc_std=std(finals),
-               avg_at_k=statistics.fmean(avgs), avg_at_k_std=std(avgs), start_greedy_acc=statistics.fmean(starts),
-               steps_to_target=statistics.fmean(hits) if hits else None, reached=len(hits),
-               final_entropy=statistics.fmean(ents), wall_s=statistics.fmean(walls))
+def claim_out_dir(spec: CompareSpec, out_dir: Path) -> None:
+    """OUT/spec.json records the spec; an OUT written by a spec whose runs differ is refused (its runs would be
+    mixed into this comparison)."""
+    path = out_dir / "spec.json"
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text()).get("digest")
+        except (OSError, ValueError):
+            old = None
+        if old != spec.digest():
+            raise SpecError(f"{out_dir} holds the runs of another compare spec (its arms, seeds, budget or overrides "
+                            f"differ); use another --out")
+    elif out_dir.exists() and any(out_dir.iterdir()):
+        raise SpecError(f"{out_dir} is not empty and holds no compare spec.json; use another --out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("spec.json.tmp")
+    tmp.write_text(json.dumps({"digest": spec.digest(), "spec": spec.to_dict()}, indent=1) + "\n")
+    tmp.replace(path)
 
 
-def markdown_table(rows: list[Row], target: float) -> str:
-    head = (f"| preset | final greedy acc | final avg@k | greedy acc after warm start | steps to {target:.0%} greedy "
-            f"(seeds reaching) | entropy at end | RL wall s |\n|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in rows:
-        steps = f"{r.steps_to_target:.0f} ({r.reached}/{r.seeds})" if r.steps_to_target is not None else \
-            f"not reached (0/{r.seeds})"
-        lines.append(f"| {r.preset} | {r.greedy_acc:.1%} ± {r.greedy_acc_std:.1%} | {r.avg_at_k:.1%} ± "
-                     f"{r.avg_at_k_std:.1%} | {r.start_greedy_acc:.1%} | {steps} | {r.final_entropy:.3f} | "
-                     f"{r.wall_s:.0f} |")
-    return head + "\n".join(lines) + "\n"
+# ------------------------------------------------------------------------------------------------ 2. run
+
+def run_all(spec: CompareSpec, out_dir: Path) -> list[RunResult]:
+    """Every (seed, arm), seed-major, ``spec.jobs`` at a time."""
+    from credo.procs import reap_descendants_when_gone
+
+    reap_descendants_when_gone()  # the runs die with a killed compare
+    queue = [(seed, arm) for seed in spec.seeds for arm in spec.arms]
+    threads = max(1, (os.cpu_count() or 1) // spec.jobs) if spec.jobs > 1 else None
+    done = 0
+    results: list[RunResult] = []
+
+    def one(item: tuple[int, str]) -> RunResult:
+        seed, arm = item
+        return run_one(spec, out_dir, arm, seed, threads=threads)
+
+    with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
+        for r in pool.map(one, queue):
+            done += 1
+            status = "ok" if r.ok else f"FAILED ({r.error})"
+            log.info("compare %s: [%d/%d] %s seed %d %s in %.0f s", spec.name, done, len(queue), r.arm, r.seed,
+                     status, r.seconds)
+            print(f"[compare] {done}/{len(queue)} {r.arm} seed {r.seed}: {status} ({r.seconds:.0f} s)", flush=True)
+            results.append(r)
+    return results
 
 
-def write_outputs(out_dir: Path, rows: list[Row], presets: list[str], seeds: list[int], target: float,
-                  overrides: list[str]) -> None:
-    cmd = f"credo compare --presets {','.join(presets)} --seeds {len(seeds)} --target {target} --out {out_dir}"
-    cmd += "".join(f" {o}" for o in overrides)
-    text = f"# credo compare\n\nCommand: `{cmd}`\n\n" + markdown_table(rows, target)
-    (out_dir / "compare.md").write_text(text)
-    (out_dir / "compare.json").write_text(json.dumps({"command": cmd, "rows": [asdict(r) for r in rows]}, indent=2))
-    plot(out_dir, presets, seeds)
+def run_one(spec: CompareSpec, out_dir: Path, arm: str, seed: int, *, threads: int | None) -> RunResult:
+    """One run as a ``credo train`` subprocess: reused when finished, resumed from its checkpoint when it has one,
+    else started (again) from scratch. Its output goes to OUT/<arm>/seed<k>.log."""
+    run_dir = out_dir / arm / f"seed{seed}"
+    if (run_dir / "summary.json").is_file():
+        return RunResult(arm, seed, run_dir, ok=True)
+    cli = [sys.executable, "-m", "credo.cli.main", "train"]
+    if (run_dir / "checkpoints" / "latest").is_file():
+        cli += ["--resume", str(run_dir)]
+    else:
+        overrides = spec.run_overrides(arm, seed) + ["log.report=false", "log.progress=false"]
+        if threads is not None and not any(o.startswith("train.threads=") for o in overrides):
+            overrides.append(f"train.threads={threads}")
+        cli += ["--config", spec.arms[arm].preset, "--run-dir", str(run_dir), "--overwrite", *overrides]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(run_dir.with_suffix(".log"), "ab") as logf:
+        code = subprocess.run(cli, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+    ok = code == 0 and (run_dir / "summary.json").is_file()
+    return RunResult(arm, seed, run_dir, ok=ok, seconds=time.perf_counter() - t0,
+                     error="" if ok else f"exit code {code}")
 
 
-def plot(out_dir: Path, presets: list[str], seeds: list[int]) -> Path:
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+# ------------------------------------------------------------------------------------------------ 3. summarise
 
-    fig = Figure(figsize=(11, 4.2), dpi=110)
-    FigureCanvasAgg(fig)
-    acc_ax, ent_ax = fig.subplots(1, 2)
-    palette = matplotlib.colormaps["tab20" if len(presets) > 10 else "tab10"]
-    for i, preset in enumerate(presets):
-        color = palette(i % palette.N)
-        curves = [read_metrics(out_dir / label(preset) / f"seed{s}" / "metrics.jsonl") for s in seeds]
-        evals = [[(r["step"], r["eval/greedy_acc"]) for r in c if r.get("eval/greedy_acc") is not None] for c in curves]
-        steps = [s for s, _ in evals[0]]
-        mean = [statistics.fmean(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
-        line = acc_ax.plot(steps, mean, marker="o", ms=3, label=label(preset), color=color)[0]
-        lo = [min(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
-        hi = [max(e[i][1] for e in evals if i < len(e)) for i in range(len(steps))]
-        acc_ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.08)
-        ent = [[(r["step"], r["actor/entropy"]) for r in c if r.get("actor/entropy") is not None] for c in curves]
-        n = min(len(e) for e in ent)
-        ent_ax.plot([ent[0][i][0] for i in range(n)], [statistics.fmean(e[i][1] for e in ent) for i in range(n)],
-                    color=line.get_color(), label=label(preset), lw=1.2)
-    acc_ax.set(title=f"Held-out greedy accuracy (mean, min-max over {len(seeds)} seeds)", xlabel="RL step",
-               ylabel="accuracy")
-    ent_ax.set(title="Policy entropy (mean over seeds)", xlabel="RL step", ylabel="nats / token")
-    for ax in (acc_ax, ent_ax):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "compare.png"
-    fig.savefig(path)
-    return path
+def run_record(run_dir: Path) -> dict[str, Any]:
+    s = json.loads((run_dir / "summary.json").read_text())
+    return {"run_dir": str(run_dir), "steps": s.get("steps"), "sampled_tokens": s.get("sampled_tokens"),
+            "trained_tokens": s.get("trained_tokens"), "wall_s": s.get("train_wall_s"),
+            "start_weights": s.get("start_weights")}
+
+
+def summarise(spec: CompareSpec, out_dir: Path, results: list[RunResult], *, command: str) -> dict[str, Any]:
+    """compare.json's content: the spec, every run's record, the metrics over the seeds every arm finished."""
+    ok = {(r.arm, r.seed) for r in results if r.ok}
+    seeds = [s for s in spec.seeds if all((a, s) in ok for a in spec.arms)]
+    rows = {(a, s): read_metrics(out_dir / a / f"seed{s}" / "metrics.jsonl") for a in spec.arms for s in seeds}
+    runs = {a: [{"seed": s, **run_record(out_dir / a / f"seed{s}")} for s in seeds] for a in spec.arms}
+    same_start = {str(s): len({runs[a][i]["start_weights"] for a in spec.arms}) == 1 for i, s in enumerate(seeds)}
+    metrics, errors = {}, {}
+    for m in spec.metrics:
+        try:
+            values = {a: [reduce_series(rows[(a, s)], m.key, m.reduce) for s in seeds] for a in spec.arms}
+            metrics[m.id] = {"key": m.key, "reduce": m.reduce, **metric_block(values, spec.baseline)}
+        except ValueError as exc:  # a metric no run logged, a NaN: named, the others still summarised
+            errors[m.id] = str(exc)
+    return {"format": FORMAT, "name": spec.name, "command": command, "spec": spec.to_dict(),
+            "baseline": spec.baseline, "seeds": seeds,
+            "failed": [{"arm": r.arm, "seed": r.seed, "error": r.error} for r in results if not r.ok],
+            "budget": {"unit": spec.budget_unit, "value": spec.budget_value}, "same_start_weights": same_start,
+            "arms": {a: {"preset": spec.arms[a].preset, "overrides": list(spec.arms[a].overrides), "runs": runs[a]}
+                     for a in spec.arms},
+            "metrics": metrics, "metric_errors": errors,
+            "curves": curves(spec, rows, seeds) if seeds else {}}
+
+
+def write_outputs(out_dir: Path, data: dict[str, Any]) -> None:
+    path = out_dir / "compare.json"
+    tmp = path.with_name("compare.json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+    write_markdown(out_dir / "compare.md", data)
+    if data["curves"]:
+        write_plot(out_dir / "compare.png", data)

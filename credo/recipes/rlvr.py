@@ -34,6 +34,7 @@ from credo.train.activation_checkpointing import enable_activation_checkpointing
 from credo.distributed.coordinator import RolloutCoordinator
 from credo.distributed.launch import agree_on_checkpoint, init_data_parallel, rank_run_dir, shutdown
 from credo.guards import Guards
+from credo.guards.weights import weights_digest
 from credo.models import ValueModel, load_model, load_or_build, num_parameters
 from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
@@ -73,6 +74,7 @@ class RunState:
     entropy_history: list[float] = field(default_factory=list)  # batch-mean entropy per step
     sampled_tokens: int = 0  # response tokens the engine sampled for training (credo.recipes.budget)
     trained_tokens: float = 0.0  # response tokens in the update batches
+    start_weights: str = ""  # digest of the policy's weights when RL starts (credo compare: same start across arms)
 
 
 @dataclass
@@ -160,7 +162,9 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
         whole = parts.rollout.plain_model()
     save_final(cfg, run_dir, whole, tokenizer)
     write_summary(cfg, run_dir, whole, start_eval=state.start_eval, last_eval=state.last_eval,
-                  extra={"steps": state.step, "train_wall_s": round(state.wall_s, 2), "data/bad_rows": state.bad_rows})
+                  extra={"steps": state.step, "train_wall_s": round(state.wall_s, 2), "data/bad_rows": state.bad_rows,
+                         "sampled_tokens": state.sampled_tokens, "trained_tokens": state.trained_tokens,
+                         "start_weights": state.start_weights})
     return run_dir
 
 
@@ -198,6 +202,7 @@ def start(cfg: RunConfig, run_dir: Path, parts: Parts, fresh: bool) -> RunState:
     state = RunState(bad_rows=len(parts.data.bad_rows))
     if warm_start_enabled(cfg, fresh):
         warm_start(cfg, parts.model, parts.tokenizer, parts.data, parts.logger)
+    state.start_weights = weights_digest(parts.model)
     state.start_eval = state.last_eval = evaluate_now(cfg, parts, run_dir, 0, force_sync=True)
     parts.logger.log(0, state.start_eval)
     parts.collector.start(run_dir)

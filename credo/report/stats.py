@@ -3,7 +3,8 @@
 Every number summarises one value per seed. For an arm: the mean and a percentile-bootstrap 95% interval of the
 mean. Against the baseline: the per-seed paired differences ``d_k = arm_k - baseline_k`` (same seed = same data
 order and initial weights), their mean, a percentile-bootstrap interval of that mean, an exact two-sided sign-flip
-p-value, and a verdict that is only "higher" / "lower" where the interval excludes 0.
+p-value, and a verdict that is only "higher" / "lower" where the interval excludes 0 and at least
+:data:`MIN_SEEDS` (5) seeds were paired ("too few seeds" otherwise).
 
 Bootstrap. The resamples are the n^n equally likely draws of n values with replacement. For n <= 6 all of them are
 enumerated (exact, no randomness); above that ``resamples`` draws from a generator seeded by ``seed``. The interval
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 EXACT_MAX_N = 6  # 6^6 = 46656 resamples
+MIN_SEEDS = 5  # fewer paired seeds than this give no verdict (the issue's "at least 5 seeds" for a ranking)
 FORMAT = "credo.compare/1"
 
 
@@ -68,8 +70,10 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
     return float(np.mean(flipped >= observed - 1e-12 * max(1.0, observed)))
 
 
-def verdict(ci: tuple[float, float]) -> str:
-    """"higher" / "lower" when the interval excludes 0, else "no difference"."""
+def verdict(ci: tuple[float, float], n: int = MIN_SEEDS, min_n: int = MIN_SEEDS) -> str:
+    """"higher" / "lower" when the interval excludes 0, else "no difference"; "too few seeds" below ``min_n``."""
+    if n < min_n:
+        return "too few seeds"
     lo, hi = ci
     if lo > 0:
         return "higher"
@@ -92,26 +96,28 @@ def arm_summary(values: Sequence[float], **kw: Any) -> dict[str, Any]:
     return {"values": v, "mean": float(np.mean(v)), "ci95": list(bootstrap_ci(v, **kw))}
 
 
-def paired_difference(arm: Sequence[float], baseline: Sequence[float], **kw: Any) -> dict[str, Any]:
+def paired_difference(arm: Sequence[float], baseline: Sequence[float], *, min_n: int = MIN_SEEDS,
+                      **kw: Any) -> dict[str, Any]:
     """The paired difference ``arm_k - baseline_k`` over seeds: {"diffs", "mean", "ci95", "verdict", "wins", "ties",
-    "n", "p_sign_flip"}."""
+    "n", "p_sign_flip"}; no verdict ("too few seeds") with fewer than ``min_n`` seeds."""
     a, b = _finite(arm, "arm"), _finite(baseline, "baseline")
     if len(a) != len(b):
         raise ValueError(f"paired difference needs one value per seed in both arms, got {len(a)} and {len(b)}")
     diffs = [x - y for x, y in zip(a, b)]
     ci = bootstrap_ci(diffs, **kw)
-    return {"diffs": diffs, "mean": float(np.mean(diffs)), "ci95": list(ci), "verdict": verdict(ci),
+    return {"diffs": diffs, "mean": float(np.mean(diffs)), "ci95": list(ci), "verdict": verdict(ci, len(diffs), min_n),
             "wins": sum(d > 0 for d in diffs), "ties": sum(d == 0 for d in diffs), "n": len(diffs),
             "p_sign_flip": sign_flip_p(diffs)}
 
 
-def metric_block(values_by_arm: dict[str, Sequence[float]], baseline: str, **kw: Any) -> dict[str, Any]:
+def metric_block(values_by_arm: dict[str, Sequence[float]], baseline: str, *, min_n: int = MIN_SEEDS,
+                 **kw: Any) -> dict[str, Any]:
     """One metric of a comparison: every arm's summary and each other arm's paired difference to ``baseline``.
     ``values_by_arm[arm][k]`` is seed k's value (the same seed order in every arm)."""
     if baseline not in values_by_arm:
         raise ValueError(f"baseline {baseline!r} is not an arm ({', '.join(values_by_arm)})")
     return {"arms": {arm: arm_summary(v, **kw) for arm, v in values_by_arm.items()},
-            "vs_baseline": {arm: paired_difference(v, values_by_arm[baseline], **kw)
+            "vs_baseline": {arm: paired_difference(v, values_by_arm[baseline], min_n=min_n, **kw)
                             for arm, v in values_by_arm.items() if arm != baseline}}
 
 

@@ -223,18 +223,20 @@ def test_every_algorithm_preset_runs_through_the_cli(tmp_path: Path):
 
 def test_compare_writes_table_plot_and_reuses_finished_runs(tmp_path: Path, capsys):
     out = tmp_path / "cmp"
-    mine = tmp_path / "my_cispo.yaml"  # a preset given as a YAML file: its stem names its rows and runs
+    mine = tmp_path / "my_cispo.yaml"  # a preset given as a YAML file: its stem names its arm and runs
     mine.write_text((REPO / "configs" / "cispo.yaml").read_text())
     args = ["-q", "compare", "--presets", f"grpo,{mine}", "--seeds", "2", "--target", "0.0", "--out", str(out),
-            *TINY_COLD, "train.steps=2", "eval.every=1", "log.tensorboard=false", "warm_start.enabled=false",
+            *TINY_COLD, "train.steps=2", "eval.every=1", "log.tensorboard=false",
             "train.mini_batch_size=8", "reward.name=tests.reward_fixtures:length_score"]
     assert main(args) == 0
     table = (out / "compare.md").read_text()
-    assert "| grpo |" in table and "| my_cispo |" in table and "steps to 0% greedy" in table
-    rows = json.loads((out / "compare.json").read_text())["rows"]
-    assert [r["preset"] for r in rows] == ["grpo", "my_cispo"] and all(r["seeds"] == 2 for r in rows)
+    assert "| grpo |" in table and "| my_cispo |" in table and "## eval/greedy_acc@steps_to:0.0" in table
+    data = json.loads((out / "compare.json").read_text())
+    assert list(data["arms"]) == ["grpo", "my_cispo"] and data["seeds"] == [0, 1] and data["baseline"] == "grpo"
     assert (out / "my_cispo" / "seed1" / "summary.json").is_file()
-    assert all(r["reached"] == 2 and r["steps_to_target"] == 0 for r in rows)  # target 0 is met at step 0
+    steps_to = data["metrics"]["eval/greedy_acc@steps_to:0.0"]
+    assert steps_to["arms"]["grpo"]["values"] == [0.0, 0.0]  # target 0 is met at step 0
+    assert steps_to["vs_baseline"]["my_cispo"]["verdict"] == "too few seeds"  # 2 < 5 seeds: no verdict
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
     stamp = (out / "grpo" / "seed0" / "summary.json").stat().st_mtime_ns
     assert main(args) == 0  # finished runs are reused, not retrained

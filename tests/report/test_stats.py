@@ -50,16 +50,22 @@ def test_sign_flip_p_hand_computed():
 
 def test_paired_difference_hand_computed():
     # diffs (3-1, 5-2) = (2, 3): mean 2.5; resample means [2, 2.5, 2.5, 3] -> (2.0375, 2.9625) excludes 0
-    out = paired_difference([3.0, 5.0], [1.0, 2.0])
+    out = paired_difference([3.0, 5.0], [1.0, 2.0], min_n=2)
     assert out["diffs"] == [2.0, 3.0] and out["mean"] == 2.5
     assert out["ci95"] == pytest.approx([2.0375, 2.9625])
     assert out["verdict"] == "higher" and out["wins"] == 2 and out["ties"] == 0 and out["n"] == 2
     assert out["p_sign_flip"] == pytest.approx(0.5)  # ++ and -- reach |2.5| of 4 patterns
-    down = paired_difference([0.0, 0.0], [1.0, 3.0])  # diffs (-1, -3): means [-3, -2, -2, -1] -> (-2.925, -1.075), below 0
+    down = paired_difference([0.0, 0.0], [1.0, 3.0], min_n=2)  # diffs (-1, -3): means [-3, -2, -2, -1] -> (-2.925, -1.075), below 0
     assert down["verdict"] == "lower" and down["wins"] == 0
     # diffs (1, -1): sorted means [-1, 0, 0, 1]; q(.025) = -1 + .075*1 = -.925, q(.975) = 0 + .925*1 = .925
-    mixed = paired_difference([1.0, 0.0], [0.0, 1.0])
+    mixed = paired_difference([1.0, 0.0], [0.0, 1.0], min_n=2)
     assert mixed["verdict"] == "no difference" and mixed["ci95"] == pytest.approx([-0.925, 0.925])
+
+
+def test_no_verdict_below_five_seeds():
+    # four seeds, all above the baseline by 1: the interval (1, 1) excludes 0, but 4 < MIN_SEEDS
+    assert paired_difference([2.0] * 4, [1.0] * 4)["verdict"] == "too few seeds"
+    assert paired_difference([2.0] * 5, [1.0] * 5)["verdict"] == "higher"
 
 
 def test_verdict_needs_the_interval_to_exclude_zero():
@@ -75,7 +81,7 @@ def test_paired_difference_refuses_unpaired_or_non_finite_values():
 
 
 def test_metric_block_and_json_shape(tmp_path):
-    block = metric_block({"base": [0.0, 1.0], "new": [1.0, 2.0]}, "base")
+    block = metric_block({"base": [0.0, 1.0], "new": [1.0, 2.0]}, "base", min_n=2)
     assert block["arms"]["base"]["ci95"] == pytest.approx([0.0375, 0.9625])
     assert set(block["vs_baseline"]) == {"new"} and block["vs_baseline"]["new"]["diffs"] == [1.0, 1.0]
     assert block["vs_baseline"]["new"]["verdict"] == "higher"  # constant diff 1: interval (1, 1)

@@ -1,0 +1,112 @@
+"""``credo compare``'s learning curves (mean and 95% band over seeds), its table and its plot (docs/evidence.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from credo.report.stats import bootstrap_ci
+
+GRID = 30  # points of a curve
+AXIS = {"steps": "step", "wall_s": "step", "sampled_tokens": "budget/sampled_tokens",
+        "trained_tokens": "budget/trained_tokens"}
+
+
+def _xy(rows: list[dict], key: str, axis: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x, value) of the rows that logged ``key``; x is the step or the budget total at that step (0 before RL)."""
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or "step" not in r:
+            continue
+        x = r.get(axis, 0.0 if r["step"] == 0 else None) if axis != "step" else r["step"]
+        if isinstance(x, (int, float)):
+            xs.append(float(x))
+            ys.append(float(v))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def curves(spec: Any, rows: dict[tuple[str, int], list[dict]], seeds: list[int]) -> dict[str, Any]:
+    """Per metric key: a common x grid (step or budget total) over the range every run covers, each seed's curve
+    interpolated on it, and per arm the mean and a bootstrap 95% band over seeds at every grid point."""
+    axis = AXIS[spec.budget_unit]
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(m.key for m in spec.metrics):
+        series = {(a, s): _xy(rows[(a, s)], key, axis) for a in spec.arms for s in seeds}
+        if any(len(x) == 0 for x, _ in series.values()):
+            continue
+        lo_x = max(float(x.min()) for x, _ in series.values())
+        hi_x = min(float(x.max()) for x, _ in series.values())
+        if hi_x < lo_x:
+            continue
+        grid = np.linspace(lo_x, hi_x, GRID) if hi_x > lo_x else np.array([lo_x])
+        arms = {}
+        for a in spec.arms:
+            ys = np.stack([np.interp(grid, *series[(a, s)]) for s in seeds])  # (seeds, grid)
+            bands = [bootstrap_ci(ys[:, j]) for j in range(len(grid))]
+            arms[a] = {"mean": ys.mean(axis=0).tolist(), "lo": [b[0] for b in bands], "hi": [b[1] for b in bands]}
+        out[key] = {"x": axis, "grid": grid.tolist(), "arms": arms}
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def write_markdown(path: Path, data: dict[str, Any]) -> None:
+    spec, base = data["spec"], data["baseline"]
+    budget = data["budget"]
+    arms = ", ".join(f"{a} ({' '.join([v['preset'], *v['overrides']])})" for a, v in data["arms"].items())
+    lines = [f"# credo compare: {data['name']}", "", f"Command: `{data['command']}`", "",
+             f"Arms: {arms}; baseline **{base}**.",
+             f"Seeds: {len(data['seeds'])} ({', '.join(map(str, data['seeds']))}); budget: "
+             + (f"{budget['unit']} = {budget['value']:g}" if budget["value"] is not None else "train.steps")
+             + f"; overrides for every arm: {' '.join(spec['overrides']) or 'none'}.",
+             "Same initial weights across arms: " + ", ".join(
+                 f"seed {s}: {'yes' if v else 'NO'}" for s, v in data["same_start_weights"].items()) + ".", ""]
+    if data["failed"]:
+        lines += ["Failed runs (their seeds are left out): " + "; ".join(
+            f"{f['arm']} seed {f['seed']} ({f['error']})" for f in data["failed"]), ""]
+    lines += ["Intervals: percentile bootstrap of the mean over seeds, 95%. A verdict is given only where the paired "
+              "difference's interval excludes 0; p is the exact sign-flip p-value (at least 2/2^n).", ""]
+    for mid, m in data["metrics"].items():
+        lines += [f"## {mid}", "", f"| arm | mean [95% CI] | {'Δ vs ' + base} [95% CI] | verdict | wins | p |",
+                  "|---|---|---|---|---|---|"]
+        for arm, a in m["arms"].items():
+            d = m["vs_baseline"].get(arm)
+            row = f"| {arm} | {_fmt(a['mean'])} [{_fmt(a['ci95'][0])}, {_fmt(a['ci95'][1])}] | "
+            row += (f"{_fmt(d['mean'])} [{_fmt(d['ci95'][0])}, {_fmt(d['ci95'][1])}] | {d['verdict']} | "
+                    f"{d['wins']}/{d['n']} | {d['p_sign_flip']:.3g} |") if d else "baseline | | | |"
+            lines.append(row)
+        lines.append("")
+    for mid, err in data.get("metric_errors", {}).items():
+        lines += [f"## {mid}", "", f"Not summarised: {err}", ""]
+    path.write_text("\n".join(lines))
+
+
+def write_plot(path: Path, data: dict[str, Any]) -> Path:
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    keys = list(data["curves"])[:6]
+    cols = min(3, len(keys))
+    rows = (len(keys) + cols - 1) // cols
+    fig = Figure(figsize=(5.2 * cols, 3.8 * rows), dpi=100)
+    FigureCanvasAgg(fig)
+    palette = matplotlib.colormaps["tab10"]
+    for i, key in enumerate(keys):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        c = data["curves"][key]
+        for j, (arm, band) in enumerate(c["arms"].items()):
+            color = palette(j % palette.N)
+            ax.plot(c["grid"], band["mean"], color=color, lw=1.4, label=arm)
+            ax.fill_between(c["grid"], band["lo"], band["hi"], color=color, alpha=0.15)
+        ax.set(title=f"{key}", xlabel=c["x"].replace("budget/", ""))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{data['name']}: mean and 95% bootstrap band over {len(data['seeds'])} seeds", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
