@@ -20,6 +20,7 @@ import torch
 from credo.algo import (AggNorm, compute_policy_loss, policy_loss_inert, policy_loss_requirements,
                         policy_loss_uses_rollout_logprobs)
 from credo.algo.critic import compute_critic_loss
+from credo.algo.diagnostics import logprob_grad, mechanism_metrics
 from credo.algo.rollout_correction import rollout_is_weights
 from credo.faults import kill_point
 from credo.train.data_parallel import LOCAL, DataParallel
@@ -51,6 +52,7 @@ class LossSpec:
     max_new_tokens: int
     policy_loss_args: dict[str, Any] = field(default_factory=dict)
     terms: tuple[LossTerm, ...] = ()  # in summation order
+    mechanism: bool = False  # log.mechanism: also log the mech/* diagnostics (credo.algo.diagnostics)
 
     @classmethod
     def of(cls, cfg) -> "LossSpec":
@@ -58,7 +60,8 @@ class LossSpec:
         return cls(policy_loss=a.policy_loss, agg=a.agg, rollout_correction=rollout_correction_mode(cfg),
                    rollout_is_low=a.rollout_is_low, rollout_is_high=a.rollout_is_high,
                    loss_scale_factor=a.loss_scale_factor, max_new_tokens=cfg.rollout.max_new_tokens,
-                   policy_loss_args=dict(a.policy_loss_args), terms=build_loss_terms(cfg))
+                   policy_loss_args=dict(a.policy_loss_args), terms=build_loss_terms(cfg),
+                   mechanism=cfg.log.mechanism)
 
 
 def rollout_correction_mode(cfg) -> str:
@@ -262,7 +265,8 @@ def policy_gradient(a: LossSpec, logprobs: torch.Tensor, old_logprobs: torch.Ten
                     mb: TrainBatch, norm: AggNorm):
     """The registered policy loss (``algo.policy_loss``) after aggregation, with the rollout-correction weights
     (``algo.rollout_correction``) unless the loss computes its own (verl's bypass mode: its old log-probs are the
-    sampler's). Returns (LossOutput, token-weighted metrics)."""
+    sampler's). Returns (LossOutput, token-weighted metrics); with ``a.mechanism`` (``log.mechanism``) the metrics
+    also hold the ``mech/*`` diagnostics of the loss's gradient (:func:`credo.algo.diagnostics.mechanism_metrics`)."""
     mask = mb.response_mask
     bypass = policy_loss_uses_rollout_logprobs(a.policy_loss)  # old = the sampler's; the loss weights tokens itself
     loss_old = mb.rollout_logprobs if bypass else old_logprobs
@@ -275,7 +279,12 @@ def policy_gradient(a: LossSpec, logprobs: torch.Tensor, old_logprobs: torch.Ten
     out = compute_policy_loss(a.policy_loss, logprobs=logprobs, old_logprobs=loss_old, advantages=mb.advantages,
                               response_mask=mask, entropy=entropy, ref_logprobs=mb.ref_logprobs, agg=a.agg, norm=norm,
                               token_weights=weights, **a.policy_loss_args)
-    return out, {f"actor/{k}": v for k, v in out.metrics.items()} | corr_metrics
+    metrics = {f"actor/{k}": v for k, v in out.metrics.items()} | corr_metrics
+    if a.mechanism:  # the loss's own gradient per token, by region (entropy: the old pass's, else the forward's)
+        metrics |= mechanism_metrics(grad=logprob_grad(out.loss, logprobs), logprobs=logprobs, old_logprobs=loss_old,
+                                     advantages=mb.advantages, response_mask=mask,
+                                     entropy=mb.entropy if mb.entropy is not None else entropy)
+    return out, metrics
 
 
 def update_critic(opts: UpdateOptions, critic, batch: TrainBatch, optimizer, scheduler, *, step: int,
