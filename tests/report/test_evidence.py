@@ -1,0 +1,45 @@
+"""credo.report.evidence: docs/evidence.md's table comes from the JSON files it cites, and the verdict rule."""
+import json
+from pathlib import Path
+
+import pytest
+
+from credo.report.evidence import BEGIN, END, embed, load_rows, row_result
+from credo.report.stats import metric_block, write_compare_json
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_docs_evidence_table_is_in_sync_with_its_data():
+    doc = (REPO / "docs" / "evidence.md").read_text()
+    rows = load_rows(REPO / "docs" / "evidence" / "rows")
+    assert embed(doc, rows, REPO) == doc, "run: python -m credo.report.evidence"
+    for row in rows:  # every cited file exists and is a compare JSON
+        assert json.loads((REPO / row["data"]).read_text())["format"] == "credo.compare/1", row["data"]
+
+
+def _row(tmp_path, values, expected):
+    write_compare_json(tmp_path / "docs" / "evidence" / "data" / "x.json", name="x", command="c", baseline="base",
+                       seeds=range(5), metrics={"m@final": metric_block(values, "base")})
+    return {"method": "M", "claim": "c", "measured": "m", "data": "docs/evidence/data/x.json", "metric": "m@final",
+            "arm": "new", "expected": expected, "command": "c", "_source": "rows.yaml"}
+
+
+@pytest.mark.parametrize("new,expected,verdict", [
+    ([2, 3, 4, 5, 6], "higher", "shown"),  # every seed +1: interval (1, 1)
+    ([2, 3, 4, 5, 6], "lower", "opposite"),
+    ([0, 3, 2, 5, 4], "higher", "not shown"),  # diffs (-1, 1, -1, 1, -1): interval holds 0
+])
+def test_verdicts(tmp_path, new, expected, verdict):
+    base = [1.0, 2.0, 3.0, 4.0, 5.0]
+    r = row_result(_row(tmp_path, {"base": base, "new": [float(x) for x in new]}, expected), tmp_path)
+    assert r["verdict"] == verdict and r["n"] == 5 and r["base_mean"] == 3.0
+
+
+def test_a_row_citing_a_missing_metric_is_an_error(tmp_path):
+    row = _row(tmp_path, {"base": [1.0] * 5, "new": [1.0] * 5}, "higher")
+    with pytest.raises(ValueError, match="no metric"):
+        row_result({**row, "metric": "other@final"}, tmp_path)
+    with pytest.raises(ValueError, match="no .*block"):
+        embed("no markers", [], tmp_path)
+    assert embed(f"a\n{BEGIN}\nold\n{END}\nb", [], tmp_path).startswith(f"a\n{BEGIN}\n| method |")
