@@ -226,9 +226,14 @@ def test_compare_writes_table_plot_and_reuses_finished_runs(tmp_path: Path, caps
     mine = tmp_path / "my_cispo.yaml"  # a preset given as a YAML file: its stem names its arm and runs
     mine.write_text((REPO / "configs" / "cispo.yaml").read_text())
     args = ["-q", "compare", "--presets", f"grpo,{mine}", "--seeds", "2", "--target", "0.0", "--out", str(out),
-            *TINY_COLD, "train.steps=2", "eval.every=1", "log.tensorboard=false",
+            "--jobs", "2", *TINY_COLD, "train.steps=2", "eval.every=1", "log.tensorboard=false", "log.rollouts_every=1",
             "train.mini_batch_size=8", "reward.name=tests.reward_fixtures:length_score"]
     assert main(args) == 0
+    for seed in (0, 1):  # the same seed: the same prompts in the same order in both arms, another seed: others
+        uids = [[json.loads(line)["uid"] for line in (out / arm / f"seed{seed}" / "rollouts.jsonl").open()]
+                for arm in ("grpo", "my_cispo")]
+        assert uids[0] == uids[1]
+    assert uids[0] != [json.loads(line)["uid"] for line in (out / "grpo" / "seed0" / "rollouts.jsonl").open()]
     table = (out / "compare.md").read_text()
     assert "| grpo |" in table and "| my_cispo |" in table and "## eval/greedy_acc@steps_to:0.0" in table
     data = json.loads((out / "compare.json").read_text())
