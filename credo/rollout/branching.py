@@ -193,20 +193,21 @@ def decision_stats(decisions: list[tuple[float, float, int, int]]) -> dict[str, 
     one ``(H_t, dH, branches made, consecutive rounds before)`` row per branch decision: ``branch/decisions``;
     the mean segment entropy H_t and entropy change dH = H_t - H_init at the decisions that branched
     (``branch/entropy_branched``, ``branch/dH_branched``) and at those that did not (``..._unbranched``);
-    ``branch/above_median_share``, the share of the branching decisions whose H_t is above the median H_t of all
-    decisions (about 0.5 when branching ignores entropy); ``branch/consecutive_share``, the share of branching
+    ``branch/above_median_branched`` / ``branch/above_median_unbranched``, the share of the branching / the other
+    decisions whose H_t is above the median H_t of all decisions (both about 0.5 when branching ignores entropy);
+    ``branch/consecutive_share``, the share of branching
     decisions taken by an episode that also branched in the previous round (what AEPO's penalty lowers). A key
     whose set of decisions is empty is left out (no value, rather than a made-up 0)."""
     out: dict[str, float] = {"branch/decisions": float(len(decisions))}
     took = [d for d in decisions if d[2] > 0]
     left = [d for d in decisions if d[2] == 0]
+    median = statistics.median(d[0] for d in decisions) if decisions else 0.0
     for name, rows in (("branched", took), ("unbranched", left)):
         if rows:
             out[f"branch/entropy_{name}"] = sum(d[0] for d in rows) / len(rows)
             out[f"branch/dH_{name}"] = sum(d[1] for d in rows) / len(rows)
+            out[f"branch/above_median_{name}"] = sum(d[0] > median for d in rows) / len(rows)
     if took:
-        median = statistics.median(d[0] for d in decisions)
-        out["branch/above_median_share"] = sum(d[0] > median for d in took) / len(took)
         out["branch/consecutive_share"] = sum(d[3] > 0 for d in took) / len(took)
     return out
 

@@ -142,11 +142,13 @@ def test_decision_stats_hand_computed():
     assert out["branch/entropy_unbranched"] == pytest.approx((0.2 + 0.6) / 2)
     assert out["branch/dH_branched"] == pytest.approx((0.0 + 0.5) / 2)
     assert out["branch/dH_unbranched"] == pytest.approx((-0.1 + 0.3) / 2)
-    assert out["branch/above_median_share"] == pytest.approx(0.5)  # 0.8 is above 0.5, 0.4 is not
+    assert out["branch/above_median_branched"] == pytest.approx(0.5)  # 0.8 is above 0.5, 0.4 is not
+    assert out["branch/above_median_unbranched"] == pytest.approx(0.5)  # 0.6 is, 0.2 is not
     assert out["branch/consecutive_share"] == pytest.approx(0.5)  # the 0.8 decision followed a branching round
     # no branch taken: the branched-side keys are left out, not zero
     none = decision_stats([(0.3, 0.0, 0, 0)])
-    assert none == {"branch/decisions": 1.0, "branch/entropy_unbranched": 0.3, "branch/dH_unbranched": 0.0}
+    assert none == {"branch/decisions": 1.0, "branch/entropy_unbranched": 0.3, "branch/dH_unbranched": 0.0,
+                    "branch/above_median_unbranched": 0.0}  # the only H_t is the median, not above it
     assert decision_stats([]) == {"branch/decisions": 0.0}
 
 
@@ -168,4 +170,4 @@ def test_real_rollouts_log_their_branch_decisions(tiny_model):
     loop, examples = _setup(tiny_model)
     _, _, stats = _run(loop, examples, "arpo", seed=1, branch_probability=0.9)
     assert stats["branch/decisions"] >= stats["branch/branches"] > 0  # beam 2: at most one branch per decision
-    assert 0.0 <= stats["branch/above_median_share"] <= 1.0
+    assert 0.0 <= stats["branch/above_median_branched"] <= 1.0
