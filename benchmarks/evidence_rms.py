@@ -31,8 +31,9 @@ same pool gives their best-of-N accuracy next to ``logprob`` (the sampled log-pr
 Files (each metric: per-seed values, mean, bootstrap 95% interval, paired difference to the baseline):
 ``crm_label_noise.json`` and ``idrm_label_noise.json`` (baseline ``bt``; ``pairwise_acc/noise<r>``,
 ``bon_acc/noise<r>`` and ``pairwise_drop/0-><r>``, the accuracy lost from clean to noise r),
-``birm_best_of_n.json`` (baseline ``logprob``; ``bon_acc`` of every selector on clean labels) and
-``rms_raw.json`` (every per-seed number, resumable: a seed already there is not rerun).
+``birm_best_of_n.json`` (baseline ``logprob``; ``bon_acc`` of every selector on clean labels),
+``birm_vs_orm.json`` (baseline ``bt``, the outcome reward model; BiRM's two head kinds) and
+``crm_idrm_birm_raw.json`` (every per-seed number, resumable: a seed already there is not rerun).
 """
 from __future__ import annotations
 
@@ -245,6 +246,11 @@ def write_all(raw: dict, seeds: list[int], out_dir: Path, command: str, args) ->
                                     baseline="logprob", seeds=seeds,
                                     metrics={"bon_acc@final": metric_block(selectors, "logprob")},
                                     extra={"setup": setup, "labels": f"clean (noise {clean}) for the pairwise arms"}))
+    if "bt" in have and "birm_linear" in selectors:  # BiRM against the outcome reward model (the paper's ORM row)
+        orm = {k: selectors[k] for k in ("bt", "birm_linear", "birm_logratio")}
+        paths.append(write_compare_json(out_dir / "birm_vs_orm.json", name="birm_vs_orm", command=command,
+                                        baseline="bt", seeds=seeds, metrics={"bon_acc@final": metric_block(orm, "bt")},
+                                        extra={"setup": setup}))
     return paths
 
 
@@ -265,7 +271,7 @@ def parse(argv: list[str] | None):
     ap.add_argument("--birm-prompts", type=int, default=100, help="training prompts step-labelled for BiRM")
     ap.add_argument("--birm-step-tokens", type=int, default=3)
     ap.add_argument("--out-dir", default="docs/evidence/data")
-    ap.add_argument("--raw", default=None, help="per-seed numbers (default OUT_DIR/rms_raw.json); resumable")
+    ap.add_argument("--raw", default=None, help="per-seed numbers (default OUT_DIR/crm_idrm_birm_raw.json); resumable")
     args = ap.parse_args(argv)
     args.noise = [float(x) for x in args.noise.split(",")]
     args.idrm_noise = [float(x) for x in args.idrm_noise.split(",")]
@@ -279,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     torch.set_num_threads(1)
     out_dir = Path(args.out_dir)
-    raw_path = Path(args.raw) if args.raw else out_dir / "rms_raw.json"
+    raw_path = Path(args.raw) if args.raw else out_dir / "crm_idrm_birm_raw.json"
     raw = json.loads(raw_path.read_text()) if raw_path.is_file() else {}
     seeds = [int(s) for s in args.seeds.split(",")]
     command = "python benchmarks/evidence_rms.py " + " ".join(sys.argv[1:] if argv is None else argv)

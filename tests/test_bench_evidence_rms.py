@@ -4,6 +4,7 @@ compare-JSON files they write from a hand-made per-seed record (no training: the
 from __future__ import annotations
 
 import json
+import random
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -63,7 +64,8 @@ def test_write_all_writes_compare_json_files_with_their_baselines(tmp_path):
         for rate in s["noise"].values():
             rate["crm"]["crm_dropped_flipped"] = 0.5
     paths = evidence_rms.write_all(raw, [0, 1], tmp_path, "python benchmarks/evidence_rms.py", args)
-    assert [p.name for p in paths] == ["crm_label_noise.json", "birm_best_of_n.json"]  # no idrm arm, no idrm file
+    # no idrm arm, no idrm file
+    assert [p.name for p in paths] == ["crm_label_noise.json", "birm_best_of_n.json", "birm_vs_orm.json"]
     crm = json.loads((tmp_path / "crm_label_noise.json").read_text())
     assert crm["baseline"] == "bt" and crm["seeds"] == [0, 1] and crm["crm_dropped_flipped"]["0.4"] == [0.5, 0.5]
     bon = json.loads((tmp_path / "birm_best_of_n.json").read_text())
@@ -72,6 +74,8 @@ def test_write_all_writes_compare_json_files_with_their_baselines(tmp_path):
     assert set(block["arms"]) == {"logprob", "random", "oracle", "birm_linear", "birm_logratio", "bt", "crm"}
     assert block["arms"]["bt"]["values"] == [0.20, 0.30]  # the clean labels' pool picks
     assert block["vs_baseline"]["birm_logratio"]["mean"] == pytest.approx(0.10)
+    orm = json.loads((tmp_path / "birm_vs_orm.json").read_text())["metrics"]["bon_acc@final"]
+    assert orm["vs_baseline"]["birm_logratio"]["diffs"] == pytest.approx([0.20, 0.20])  # 0.4 - 0.2, 0.5 - 0.3
 
 
 def test_noise_must_start_clean():
@@ -114,10 +118,30 @@ def test_evidence_rms_end_to_end_tiny(tmp_path):
     evidence_rms.main(["--seeds", "0", "--noise", "0,0.4", "--steps", "2", "--pairs", "64", "--teacher-steps", "2",
                        "--prompts", "4", "-n", "2", "--birm-steps", "1", "--birm-prompts", "2", "--out-dir",
                        str(tmp_path)])
-    raw = json.loads((tmp_path / "rms_raw.json").read_text())
+    raw = json.loads((tmp_path / "crm_idrm_birm_raw.json").read_text())
     assert set(raw["0"]["noise"]["0.0"]) == {"bt", "crm", "idrm"} and set(raw["0"]["noise"]["0.4"]) == {"bt", "crm"}
     assert {"logprob", "random", "oracle", "birm_linear", "birm_logratio"} <= set(raw["0"]["bon"])
     idrm = json.loads((tmp_path / "idrm_label_noise.json").read_text())
     assert set(idrm["metrics"]) == {"pairwise_acc/noise0.0@final", "bon_acc/noise0.0@final"}  # clean only
     crm = json.loads((tmp_path / "crm_label_noise.json").read_text())
     assert "pairwise_drop/0.0->0.4@final" in crm["metrics"]
+
+
+def test_sandbox_evidence_scores_by_hand_and_the_reference_executor(tmp_path):
+    import evidence_sandbox as es
+
+    assert es.intended("AC_ws") == "AC" and es.intended("WA_subtle") == "WA" and es.intended("TLE") == "TLE"
+    # labels AC AC WA RE; verdicts AC WA WA AC: accuracy 2/4, TPR 1/2 (one AC judged WA), TNR 1/2 (RE judged AC)
+    assert es.scores(["AC", "WA", "WA", "AC"], ["AC", "AC", "WA", "RE"]) == {"verdict_acc": 0.5, "tpr": 0.5,
+                                                                           "tnr": 0.5}
+    tests = es.draw_tests("max", random.Random(3))
+    assert tests == es.draw_tests("max", random.Random(3)) and len(tests) == 5
+    for t in tests:  # the expected output is the maximum of the listed numbers
+        n, xs = t["stdin"].split("\n")[:2]
+        assert int(n) == len(xs.split()) and int(t["expected_stdout"]) == max(map(int, xs.split()))
+    ref = es.Reference(tmp_path, time_s=0.5)
+    exposing = [{"stdin": "-3 4\n", "expected_stdout": "1\n"}]  # abs(-3) + 4 = 7: the subtle bug shows
+    for variant, src in es.PY["sum"].items():
+        assert ref.judge(src, "python", exposing) == es.intended(variant), variant
+    hiding = [{"stdin": "3 4\n", "expected_stdout": "7\n"}]  # a >= 0: the subtle bug passes
+    assert ref.judge(es.PY["sum"]["WA_subtle"], "python", hiding) == "AC"
