@@ -14,7 +14,7 @@ def test_docs_evidence_table_is_in_sync_with_its_data():
     doc = (REPO / "docs" / "evidence.md").read_text()
     rows = load_rows(REPO / "docs" / "evidence" / "rows")
     assert embed(doc, rows, REPO) == doc, "run: python -m credo.report.evidence"
-    for row in rows:  # every cited file exists and is a compare JSON
+    for row in [r for r in rows if r.get("data") is not None]:  # every cited file is a compare JSON
         assert json.loads((REPO / row["data"]).read_text())["format"] == "credo.compare/1", row["data"]
 
 
@@ -29,6 +29,9 @@ def _row(tmp_path, values, expected):
     ([2, 3, 4, 5, 6], "higher", "shown"),  # every seed +1: interval (1, 1)
     ([2, 3, 4, 5, 6], "lower", "opposite"),
     ([0, 3, 2, 5, 4], "higher", "not shown"),  # diffs (-1, 1, -1, 1, -1): interval holds 0
+    ([1, 2, 3, 4, 5], "same", "shown"),  # diffs all 0: interval (0, 0) within margin 0
+    ([0, 3, 2, 5, 4], "same", "not shown"),  # holds 0 but reaches past the margin
+    ([2, 3, 4, 5, 6], "same", "opposite"),  # excludes 0: a difference where none was expected
 ])
 def test_verdicts(tmp_path, new, expected, verdict):
     base = [1.0, 2.0, 3.0, 4.0, 5.0]
@@ -43,3 +46,14 @@ def test_a_row_citing_a_missing_metric_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no .*block"):
         embed("no markers", [], tmp_path)
     assert embed(f"a\n{BEGIN}\nold\n{END}\nb", [], tmp_path).startswith(f"a\n{BEGIN}\n| method |")
+
+
+def test_an_unmeasured_row_needs_its_reason(tmp_path):
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "a.yaml").write_text("- {method: M, claim: c, measured: not measured, data: null}\n")
+    with pytest.raises(ValueError, match="missing note"):
+        load_rows(rows)
+    (rows / "a.yaml").write_text("- {method: M, claim: c, measured: not measured, data: null, note: needs a GPU}\n")
+    out = embed(f"{BEGIN}\n{END}", load_rows(rows), tmp_path)
+    assert "**not measured**: needs a GPU" in out
