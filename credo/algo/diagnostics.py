@@ -15,7 +15,8 @@ r_t = exp(delta_t),  A_t the advantage,  p_t = exp(old_logprobs_t) (the probabil
   (A > 0 and r > 1 + 0.2) or (A < 0 and r < 1 - 0.2). PPO-clip at 0.2 / 0.2 gives them zero gradient.
 - High-entropy tokens: above their response's 0.8 quantile of entropy (ties go to low), the split Archer and
   ASPO use (credo.algo.losses.entropy_split.low_entropy_mask); low-entropy: the rest.
-- High-probability tokens: p_t >= :data:`HIGH_PROB` (0.9: on the demo task about half of the positive-advantage tokens).
+- High-probability tokens: p_t >= :data:`HIGH_PROB` (0.9: on the demo task after its warm start, 70-85% of the
+  positive-advantage tokens).
 """
 from __future__ import annotations
 
