@@ -441,7 +441,7 @@ class LogConfig:
     print_every: int = opt(10, "plain-text progress line every N steps when not a terminal", min=1)
     report: bool = opt(True, "write report.html and plots at the end")
     mechanism: bool = opt(False, "log method-blind mechanism diagnostics (mech/*: where the policy gradient goes, "
-                          "by clip region, entropy and probability; docs/evidence.md)")
+                          "by clip region, entropy and probability; docs/algorithms/README.md, \"Mechanism diagnostics\")")
     rollouts_every: int = opt(0, "dump every N-th step's training samples (tokens, loss mask, advantages, turns, "
                               "text, reward) to RUN_DIR/rollouts.jsonl; 0 = off", min=0)
 
