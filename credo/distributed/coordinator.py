@@ -18,6 +18,8 @@ made them before (weight gather for the sync, then the leader's broadcast, then 
 """
 from __future__ import annotations
 
+import contextlib
+
 import copy
 from typing import Any, Callable, TypeVar
 
@@ -51,6 +53,7 @@ class RolloutCoordinator:
         self.ready: Rollouts | None = None  # one-step-off mode: the batch sync_weights finished, for collect
         self.served_version = -1  # the policy version the rollout engine serves
         self.guards = None  # credo.guards.Guards (attach)
+        self.sampled = None  # credo.rollout.counting.SampledTokens (attach)
         self.replica = None  # FSDP2: an unsharded copy of the policy, loaded with the whole weights to save them
 
     @classmethod
@@ -78,9 +81,10 @@ class RolloutCoordinator:
         """This rank's view of the prompt sampler: its share of each batch when sharded."""
         return ShardedSampler(sampler, self.dp) if self.shard else sampler
 
-    def attach(self, *, model, engine, runner, collector, guards=None) -> None:
+    def attach(self, *, model, engine, runner, collector, guards=None, sampled=None) -> None:
         self.model, self.engine, self.runner, self.collector = model, engine, runner, collector
         self.guards = guards  # credo.guards.Guards: the weight_sync guard runs after every sync
+        self.sampled = sampled  # credo.rollout.counting.SampledTokens: each collection's count travels with it
 
     # ------------------------------------------------------------------ the step
 
@@ -151,7 +155,10 @@ class RolloutCoordinator:
             self.pipe.close()
 
     def _collect(self, step: int, timer) -> Rollouts:
-        rollouts = self.collector.collect(step, timer)
+        with self.sampled.scope() if self.sampled is not None else contextlib.nullcontext() as tally:
+            rollouts = self.collector.collect(step, timer)
+        if tally is not None:  # on whichever thread sampled it (one-step-off, the async pipeline)
+            rollouts.metrics["perf/sampled_tokens_collect"] = float(tally.tokens)
         if self.ray:  # workers replaced so far (their shares were re-queued)
             rollouts.metrics["dist/rollout_restarts"] = self.engine.restarts
             if self.runner is not None:

@@ -6,8 +6,8 @@ the first step at which the budget's total reaches its value; ``train.steps`` st
 gets the final evaluation and checkpoint an ordinary last step gets.
 
 - ``sampled_tokens``: response tokens the rollout engine sampled for training (credo.rollout.counting), filtered
-  groups, tree branches, agent turns and greedy baselines included, the held-out evaluation excluded. In the
-  asynchronous modes it is what the engine sampled between the ends of two steps.
+  groups, tree branches, agent turns and greedy baselines included, the held-out evaluation excluded. A batch
+  sampled ahead (one-step-off, bounded staleness) counts at the step that trains on it.
 - ``trained_tokens``: response tokens of the step's update batch (``perf/response_tokens``).
 - ``wall_s``: the RL loop's wall seconds (evaluation included), summed over resumed segments; not reproducible.
 """
@@ -20,7 +20,9 @@ SPEND_KEYS = {"sampled_tokens": "budget/sampled_tokens", "trained_tokens": "budg
 
 
 def add_spend(state: Any, metrics: dict[str, float], *, sampled: int, wall_s: float) -> None:
-    """Add one step's spend to ``state`` and write the running totals into the step's ``metrics``."""
+    """Add one step's spend to ``state`` and write the running totals into the step's ``metrics``. ``sampled``: what
+    the step sampled besides its batch; the batch's own count is its ``perf/sampled_tokens_collect``."""
+    sampled = int(metrics.get("perf/sampled_tokens_collect", 0)) + sampled
     state.sampled_tokens += sampled
     state.trained_tokens += float(metrics.get("perf/response_tokens", 0.0))
     metrics["perf/sampled_tokens"] = float(sampled)

@@ -187,7 +187,7 @@ def build_parts(cfg: RunConfig, run_dir: Path, dp: DataParallel, stack: contextl
     guards = Guards(cfg.guards)
     collector = build_collector(cfg, engine=engine, runner=runner, model=model, tokenizer=tokenizer, data=data,
                                 sampler=sampler, run_dir=run_dir, guards=guards)
-    rollout.attach(model=model, engine=engine, runner=runner, collector=collector, guards=guards)
+    rollout.attach(model=model, engine=engine, runner=runner, collector=collector, guards=guards, sampled=sampled)
     stack.callback(rollout.close)  # the async pipeline's thread (rollout.max_staleness)
     transforms = build_transforms(BuildContext(cfg, model, tokenizer, run_dir))
     return Parts(model=model, tokenizer=tokenizer, engine=engine, runner=runner, optimizer=optimizer,
@@ -224,9 +224,11 @@ def rl_loop(cfg: RunConfig, run_dir: Path, state: RunState, parts: Parts) -> Non
         last = finished(cfg, state)  # a resumed run that had already ended
         while not last:  # train.steps, or train.budget reached (credo.recipes.budget): `last` is the only exit
             t0 = time.perf_counter()
-            metrics = rl_step(cfg, parts, state, step=state.step)
+            with parts.sampled.scope() as sampled:  # what the step sampled besides its batch (credo.rollout.counting)
+                metrics = rl_step(cfg, parts, state, step=state.step)
             state.step += 1
-            add_spend(state, metrics, sampled=parts.sampled.take(), wall_s=time.perf_counter() - t0)
+            add_spend(state, metrics, sampled=sampled.tokens + parts.sampled.take_loose(),
+                      wall_s=time.perf_counter() - t0)
             last = finished(cfg, state) if cfg.train.budget != "wall_s" else finished_after(cfg, state, t0)
             if eval_due(cfg, state.step, last=last):
                 timer = Timer()

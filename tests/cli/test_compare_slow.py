@@ -18,8 +18,14 @@ def test_compare_three_presets_two_seeds(tmp_path: Path):
     out = tmp_path / "cmp"
     assert main(["-q", "compare", "--presets", "grpo,gppo,aspo", "--seeds", "2", "--out", str(out),
                  "log.progress=false"]) == 0
-    rows = json.loads((out / "compare.json").read_text())["rows"]
-    assert [r["preset"] for r in rows] == ["grpo", "gppo", "aspo"]
-    for r in rows:
-        assert 0.0 <= r["greedy_acc"] <= 1.0 and r["seeds"] == 2
-        assert r["greedy_acc"] > r["start_greedy_acc"], r  # every preset improves on the warm start
+    data = json.loads((out / "compare.json").read_text())
+    assert list(data["arms"]) == ["grpo", "gppo", "aspo"] and data["seeds"] == [0, 1]
+    final = data["metrics"]["eval/greedy_acc@final"]["arms"]
+    for arm in data["arms"]:
+        start = [r["start/eval/greedy_acc"] for r in _summaries(out, arm)]
+        assert all(0.0 <= v <= 1.0 for v in final[arm]["values"])
+        assert all(v > s for v, s in zip(final[arm]["values"], start)), arm  # every preset improves on its warm start
+
+
+def _summaries(out: Path, arm: str) -> list[dict]:
+    return [json.loads((out / arm / f"seed{k}" / "summary.json").read_text()) for k in (0, 1)]

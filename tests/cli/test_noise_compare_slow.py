@@ -21,10 +21,10 @@ def test_ppo_grpo_dvpo_vrpo_at_0_and_20_percent_noise(tmp_path: Path):
         out = tmp_path / f"noise{noise}"
         assert main(["-q", "compare", "--presets", ",".join(PRESETS), "--seeds", "1", "--out", str(out),
                      f"reward.noise={noise}", "train.steps=40", "eval.every=20", "log.progress=false"]) == 0
-        rows = json.loads((out / "compare.json").read_text())["rows"]
-        assert [r["preset"] for r in rows] == PRESETS
-        for r in rows:
-            assert 0.0 <= r["greedy_acc"] <= 1.0, r
+        data = json.loads((out / "compare.json").read_text())
+        assert list(data["arms"]) == PRESETS
+        for arm, summary in data["metrics"]["eval/greedy_acc@final"]["arms"].items():
+            assert all(0.0 <= v <= 1.0 for v in summary["values"]), arm
         for preset in PRESETS:
             steps = [m for m in read_metrics(out / preset / "seed0" / "metrics.jsonl") if "reward/mean" in m]
             noised = [m.get("reward/noised_frac", 0.0) for m in steps]

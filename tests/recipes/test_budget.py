@@ -37,21 +37,36 @@ class _Engine:
         return [_Traj(response_ids=c.ids) for c in self.continue_ids([p for p in prompts for _ in range(n)])]
 
 
-def test_sampled_tokens_counts_outer_calls_once_and_skips_paused_ones():
+def test_sampled_tokens_counts_outer_calls_once_into_the_innermost_scope():
     counter = SampledTokens()
     engine = counter.attach(_Engine())
-    engine.generate(["a", "b"], 2)  # 4 trajectories x 3 tokens, counted at generate only (not its continue_ids)
-    assert counter.take() == 12 and counter.take() == 0
-    engine.continue_ids([[0]])  # a direct continuation: 3
-    with counter.paused():
-        engine.generate(["c"], 4)  # an evaluation: not counted
-    assert counter.take() == 3 and counter.total == 15
+    with counter.scope() as step:
+        engine.generate(["a", "b"], 2)  # 4 trajectories x 3 tokens, counted at generate only (not its continue_ids)
+        with counter.scope() as batch:
+            engine.continue_ids([[0], [1]])  # 2 x 3, to the inner scope only
+        with counter.paused():
+            engine.generate(["c"], 4)  # an evaluation: not counted
+    assert (step.tokens, batch.tokens) == (12, 6)
+    engine.continue_ids([[0]])  # no scope open on this thread: counted loose
+    assert counter.take_loose() == 3 and counter.take_loose() == 0
+
+
+def test_a_scope_counts_its_own_thread_only():
+    import threading
+
+    counter = SampledTokens()
+    engine = counter.attach(_Engine())
+    with counter.scope() as main_thread:
+        worker = threading.Thread(target=lambda: engine.continue_ids([[0]] * 5))
+        worker.start()
+        worker.join()
+    assert main_thread.tokens == 0 and counter.take_loose() == 15
 
 
 def test_finished_by_unit():
     cfg = SimpleNamespace(train=SimpleNamespace(steps=10, budget="trained_tokens", budget_value=100.0))
     state = SimpleNamespace(step=3, sampled_tokens=0, trained_tokens=0.0, wall_s=0.0)
-    add_spend(state, {"perf/response_tokens": 60.0}, sampled=90, wall_s=0.5)
+    add_spend(state, {"perf/response_tokens": 60.0, "perf/sampled_tokens_collect": 80.0}, sampled=10, wall_s=0.5)
     assert state.trained_tokens == 60.0 and state.sampled_tokens == 90 and not finished(cfg, state)
     add_spend(state, m := {"perf/response_tokens": 40.0}, sampled=50, wall_s=0.5)
     assert finished(cfg, state) and m["budget/trained_tokens"] == 100.0 and m["budget/sampled_tokens"] == 140.0
