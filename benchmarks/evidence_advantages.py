@@ -118,21 +118,22 @@ def papo_file(runs: Path, out_dir: Path) -> None:
 
 def noise_file(runs: Path, out_dir: Path) -> None:
     clean = json.loads((runs / "critic_noise_0" / "compare.json").read_text())
-    noisy = json.loads((runs / "critic_noise_40" / "compare.json").read_text())
-    seeds = [s for s in clean["seeds"] if s in noisy["seeds"]]
+    levels = [(lvl, json.loads((runs / f"critic_noise_{tag}" / "compare.json").read_text()))
+              for lvl, tag in (("0.2", "20"), ("0.4", "40")) if (runs / f"critic_noise_{tag}" / "compare.json").is_file()]
+    seeds = [s for s in clean["seeds"] if all(s in noisy["seeds"] for _, noisy in levels)]
     metrics = {}
-    for mid in ("eval/greedy_acc@final", "acc/mean@last:0.5"):
-        drops = {}
-        for arm in clean["metrics"][mid]["arms"]:
-            a = dict(zip(clean["seeds"], clean["metrics"][mid]["arms"][arm]["values"]))
-            b = dict(zip(noisy["seeds"], noisy["metrics"][mid]["arms"][arm]["values"]))
-            drops[arm] = [a[s] - b[s] for s in seeds]
-        metrics[f"drop_0_to_0.4/{mid}"] = {"key": mid, "reduce": "value at noise 0 minus value at noise 0.4",
-                                          **metric_block(drops, "ppo")}
+    for level, noisy in levels:
+        for mid in ("eval/greedy_acc@final", "acc/mean@last:0.5"):
+            drops = {}
+            for arm in clean["metrics"][mid]["arms"]:
+                a = dict(zip(clean["seeds"], clean["metrics"][mid]["arms"][arm]["values"]))
+                b = dict(zip(noisy["seeds"], noisy["metrics"][mid]["arms"][arm]["values"]))
+                drops[arm] = [a[s] - b[s] for s in seeds]
+            metrics[f"drop_0_to_{level}/{mid}"] = {"key": mid, "reduce": f"value at noise 0 minus value at noise {level}",
+                                                   **metric_block(drops, "ppo")}
     write_compare_json(out_dir / "critic_noise_drop.json", name="critic_noise_drop", command=COMMAND,
                        baseline="ppo", seeds=seeds, metrics=metrics,
-                       extra={"source": "runs/evidence/critic_noise_0/compare.json, "
-                                        "runs/evidence/critic_noise_40/compare.json"})
+                       extra={"source": "runs/evidence/critic_noise_{0,20,40}/compare.json (those present)"})
 
 
 def main() -> None:

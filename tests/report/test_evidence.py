@@ -1,5 +1,6 @@
 """credo.report.evidence: docs/evidence.md's table comes from the JSON files it cites, and the verdict rule."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ def test_docs_evidence_table_is_in_sync_with_its_data():
     doc = (REPO / "docs" / "evidence.md").read_text()
     rows = load_rows(REPO / "docs" / "evidence" / "rows")
     assert embed(doc, rows, REPO) == doc, "run: python -m credo.report.evidence"
+    verdicts = re.findall(r"\| \*\*([a-z ]+)\*\*", doc.split(BEGIN)[1].split(END)[0])
+    said = re.search(r"Verdicts: (\d+) shown, (\d+) opposite, (\d+) not shown, (\d+) not\s+measured", doc)
+    assert said and [int(x) for x in said.groups()] == [verdicts.count(v) for v in
+                                                       ("shown", "opposite", "not shown", "not measured")]
     for row in [r for r in rows if r.get("data") is not None]:  # every cited file is a compare JSON
         assert json.loads((REPO / row["data"]).read_text())["format"] == "credo.compare/1", row["data"]
 
