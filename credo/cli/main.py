@@ -274,7 +274,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.spec = None
     spec = compare_spec_of(args)
     out = Path(args.out) if args.out else Path("runs") / "compare" / spec.name
-    command = " ".join(["credo", "compare", *sys.argv[2:]]) if sys.argv[1:2] == ["compare"] else "credo compare"
+    argv = sys.argv[1:]
+    command = " ".join(["credo", *argv[argv.index("compare"):]]) if "compare" in argv else "credo compare"
     data = compare(spec, out_dir=out, extra_overrides=tuple(args.overrides), command=command)
     print((out / "compare.md").read_text())
     print(f"results: {out / 'compare.json'}; plot: {out / 'compare.png'}")
