@@ -29,7 +29,9 @@ def _xy(rows: list[dict], key: str, axis: str) -> tuple[np.ndarray, np.ndarray]:
 
 def curves(spec: Any, rows: dict[tuple[str, int], list[dict]], seeds: list[int]) -> dict[str, Any]:
     """Per metric key: a common x grid (step or budget total) over the range every run covers, each seed's curve
-    interpolated on it, and per arm the mean and a bootstrap 95% band over seeds at every grid point."""
+    interpolated on it, per arm the mean and a bootstrap 95% band over seeds at every grid point, and per other arm
+    the paired difference to the baseline (seed by seed) with its band: the seeds' spread in starting accuracy
+    widens the arms' bands, not the differences'."""
     axis = AXIS[spec.budget_unit]
     out: dict[str, Any] = {}
     for key in dict.fromkeys(m.key for m in spec.metrics):
@@ -41,13 +43,17 @@ def curves(spec: Any, rows: dict[tuple[str, int], list[dict]], seeds: list[int])
         if hi_x < lo_x:
             continue
         grid = np.linspace(lo_x, hi_x, GRID) if hi_x > lo_x else np.array([lo_x])
-        arms = {}
-        for a in spec.arms:
-            ys = np.stack([np.interp(grid, *series[(a, s)]) for s in seeds])  # (seeds, grid)
-            bands = [bootstrap_ci(ys[:, j]) for j in range(len(grid))]
-            arms[a] = {"mean": ys.mean(axis=0).tolist(), "lo": [b[0] for b in bands], "hi": [b[1] for b in bands]}
-        out[key] = {"x": axis, "grid": grid.tolist(), "arms": arms}
+        ys = {a: np.stack([np.interp(grid, *series[(a, s)]) for s in seeds]) for a in spec.arms}  # (seeds, grid)
+        arms = {a: _band(y) for a, y in ys.items()}
+        diff = {a: _band(y - ys[spec.baseline]) for a, y in ys.items() if a != spec.baseline}
+        out[key] = {"x": axis, "grid": grid.tolist(), "arms": arms, "diff_to_baseline": diff}
     return out
+
+
+def _band(ys: np.ndarray) -> dict[str, list[float]]:
+    """(seeds, grid) -> the mean and the bootstrap 95% band at every grid point."""
+    bands = [bootstrap_ci(ys[:, j]) for j in range(ys.shape[1])]
+    return {"mean": ys.mean(axis=0).tolist(), "lo": [b[0] for b in bands], "hi": [b[1] for b in bands]}
 
 
 def _fmt(x: float) -> str:
@@ -92,20 +98,24 @@ def write_plot(path: Path, data: dict[str, Any]) -> Path:
 
     keys = list(data["curves"])[:6]
     cols = min(3, len(keys))
-    rows = (len(keys) + cols - 1) // cols
-    fig = Figure(figsize=(5.2 * cols, 3.8 * rows), dpi=100)
+    rows = 2 * ((len(keys) + cols - 1) // cols)  # each key: its curves, and below them the paired differences
+    fig = Figure(figsize=(5.2 * cols, 3.4 * rows), dpi=100)
     FigureCanvasAgg(fig)
     palette = matplotlib.colormaps["tab10"]
+    colors = {arm: palette(j % palette.N) for j, arm in enumerate(data["arms"])}
     for i, key in enumerate(keys):
-        ax = fig.add_subplot(rows, cols, i + 1)
         c = data["curves"][key]
-        for j, (arm, band) in enumerate(c["arms"].items()):
-            color = palette(j % palette.N)
-            ax.plot(c["grid"], band["mean"], color=color, lw=1.4, label=arm)
-            ax.fill_between(c["grid"], band["lo"], band["hi"], color=color, alpha=0.15)
-        ax.set(title=f"{key}", xlabel=c["x"].replace("budget/", ""))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        top = fig.add_subplot(rows, cols, (i // cols) * 2 * cols + i % cols + 1)
+        low = fig.add_subplot(rows, cols, (i // cols) * 2 * cols + cols + i % cols + 1, sharex=top)
+        for ax, bands in ((top, c["arms"]), (low, c.get("diff_to_baseline", {}))):
+            for arm, band in bands.items():
+                ax.plot(c["grid"], band["mean"], color=colors[arm], lw=1.4, label=arm)
+                ax.fill_between(c["grid"], band["lo"], band["hi"], color=colors[arm], alpha=0.15)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        low.axhline(0.0, color="black", lw=0.8)
+        top.set(title=key)
+        low.set(title=f"{key}: arm − {data['baseline']} (paired)", xlabel=c["x"].replace("budget/", ""))
     fig.suptitle(f"{data['name']}: mean and 95% bootstrap band over {len(data['seeds'])} seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
