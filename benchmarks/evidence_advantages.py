@@ -34,16 +34,14 @@ import math
 from pathlib import Path
 from typing import Callable
 
+from credo.recipes.compare import arm_rows
 from credo.report.stats import metric_block, write_compare_json
-from credo.tracking.metrics import read_metrics
 
 COMMAND = "python benchmarks/evidence_advantages.py --runs runs/evidence --out-dir docs/evidence/data"
 
 
 def arm_runs(runs: Path, spec: str, arm: str) -> dict[int, list[dict]]:
-    """seed -> the metrics rows of OUT/<arm>/seed<k>, for the seeds compare.json summarised."""
-    data = json.loads((runs / spec / "compare.json").read_text())
-    return {s: read_metrics(runs / spec / arm / f"seed{s}" / "metrics.jsonl") for s in data["seeds"]}
+    return arm_rows(runs / spec, arm)
 
 
 def mean(xs: list[float]) -> float:

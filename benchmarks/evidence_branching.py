@@ -20,26 +20,23 @@ is branched minus unbranched within one method:
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from pathlib import Path
 
+from credo.recipes.compare import arm_rows
+from credo.report.series import reduce_series
 from credo.report.stats import metric_block, write_compare_json
-from credo.tracking.metrics import read_metrics
 
 COMMAND = "python benchmarks/evidence_branching.py --runs runs/evidence --out-dir docs/evidence/data"
 SPEC = "arpo_branching"
 
 
 def arm_runs(runs: Path, arm: str) -> dict[int, list[dict]]:
-    """seed -> the metrics rows of OUT/<arm>/seed<k>, for the seeds compare.json summarised."""
-    data = json.loads((runs / SPEC / "compare.json").read_text())
-    return {s: read_metrics(runs / SPEC / arm / f"seed{s}" / "metrics.jsonl") for s in data["seeds"]}
+    return arm_rows(runs / SPEC, arm)
 
 
 def step_mean(rows: list[dict], key: str) -> float:
-    xs = [r[key] for r in rows if key in r]
-    return sum(xs) / len(xs) if xs else math.nan
+    """The mean over the steps that logged ``key`` (credo.report.series)."""
+    return reduce_series(rows, key, "mean")
 
 
 def entropy_file(runs: Path, out_dir: Path, method: str) -> None:

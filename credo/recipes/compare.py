@@ -32,6 +32,7 @@ from credo.recipes.compare_spec import CompareSpec, SpecError
 from credo.report.series import reduce_series
 from credo.report.stats import FORMAT, metric_block
 from credo.tracking.metrics import read_metrics
+from credo.tracking.rundir import check_run_dir, open_nofollow
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ def run_one(spec: CompareSpec, out_dir: Path, arm: str, seed: int, *, threads: i
     """One run as a ``credo train`` subprocess: reused when finished, resumed from its checkpoint when it has one,
     else started (again) from scratch. Its output goes to OUT/<arm>/seed<k>.log."""
     run_dir = out_dir / arm / f"seed{seed}"
+    if run_dir.exists() or run_dir.is_symlink():  # what is read back or resumed holds no link (UnsafeRunDir)
+        check_run_dir(run_dir, "credo compare")
     if (run_dir / "summary.json").is_file():
         return RunResult(arm, seed, run_dir, ok=True)
     cli = [sys.executable, "-m", "credo.cli.main", "train"]
@@ -131,7 +134,7 @@ def run_one(spec: CompareSpec, out_dir: Path, arm: str, seed: int, *, threads: i
         cli += ["--config", spec.arms[arm].preset, "--run-dir", str(run_dir), "--overwrite", *overrides]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with open(run_dir.with_suffix(".log"), "ab") as logf:
+    with open_nofollow(run_dir.with_suffix(".log"), "a") as logf:  # never written through a planted link
         code = subprocess.run(cli, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
     ok = code == 0 and (run_dir / "summary.json").is_file()
     return RunResult(arm, seed, run_dir, ok=ok, seconds=time.perf_counter() - t0,
@@ -169,6 +172,13 @@ def summarise(spec: CompareSpec, out_dir: Path, results: list[RunResult], *, com
                      for a in spec.arms},
             "metrics": metrics, "metric_errors": errors,
             "curves": curves(spec, rows, seeds) if seeds else {}}
+
+
+def arm_rows(out_dir: Path, arm: str) -> dict[int, list[dict]]:
+    """seed -> the metrics.jsonl rows of OUT/<arm>/seed<k>, for the seeds OUT/compare.json summarised (scripts that
+    derive further per-seed values from a finished comparison)."""
+    seeds = json.loads((out_dir / "compare.json").read_text())["seeds"]
+    return {s: read_metrics(out_dir / arm / f"seed{s}" / "metrics.jsonl") for s in seeds}
 
 
 def write_outputs(out_dir: Path, data: dict[str, Any]) -> None:

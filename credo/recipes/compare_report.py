@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from credo.report.series import points
 from credo.report.stats import bootstrap_ci
 
 GRID = 30  # points of a curve
@@ -14,17 +15,9 @@ AXIS = {"steps": "step", "wall_s": "step", "sampled_tokens": "budget/sampled_tok
 
 
 def _xy(rows: list[dict], key: str, axis: str) -> tuple[np.ndarray, np.ndarray]:
-    """(x, value) of the rows that logged ``key``; x is the step or the budget total at that step (0 before RL)."""
-    xs, ys = [], []
-    for r in rows:
-        v = r.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or "step" not in r:
-            continue
-        x = r.get(axis, 0.0 if r["step"] == 0 else None) if axis != "step" else r["step"]
-        if isinstance(x, (int, float)):
-            xs.append(float(x))
-            ys.append(float(v))
-    return np.asarray(xs), np.asarray(ys)
+    """(x, value) arrays of the rows that logged ``key`` (credo.report.series.points)."""
+    pts = points(rows, key, axis)
+    return np.asarray([a for a, _ in pts]), np.asarray([b for _, b in pts])
 
 
 def curves(spec: Any, rows: dict[tuple[str, int], list[dict]], seeds: list[int]) -> dict[str, Any]:

@@ -45,13 +45,17 @@ def check_reduce(reduce: str) -> str:
                      f"ratio:KEY")
 
 
-def points(rows: Rows, key: str) -> list[tuple[float, float]]:
-    """(step, value) of every row that logged ``key`` with a number."""
+def points(rows: Rows, key: str, x: str = "step") -> list[tuple[float, float]]:
+    """(x, value) of every row that logged ``key`` with a number; ``x`` is the step or another key of the row (a
+    budget total, 0 at step 0 before RL), rows without it skipped."""
     out = []
     for r in rows:
         v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and "step" in r:
-            out.append((float(r["step"]), float(v)))
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or "step" not in r:
+            continue
+        at = r["step"] if x == "step" else r.get(x, 0.0 if r["step"] == 0 else None)
+        if isinstance(at, (int, float)):
+            out.append((float(at), float(v)))
     return out
 
 

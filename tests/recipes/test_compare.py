@@ -60,3 +60,24 @@ def test_out_dir_belongs_to_one_spec(tmp_path):
     with pytest.raises(SpecError, match="not empty"):
         claim_out_dir(spec, tmp_path / "busy")
     assert (tmp_path / "busy" / "mine.txt").read_text() == "x"
+
+
+def test_links_planted_in_out_are_refused(tmp_path):
+    """A run directory in OUT that holds a symlink, or a run's log that is one, is refused, not read or written
+    through (credo.tracking.rundir's rule: links inside a run directory)."""
+    from credo.recipes.compare import run_one
+    from credo.tracking.rundir import UnsafeRunDir
+
+    spec = spec_from_dict({"arms": {"a": "grpo"}, "seeds": 1})
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (tmp_path / "out2" / "a" / "seed0").mkdir(parents=True)
+    (tmp_path / "out2" / "a" / "seed0" / "summary.json").symlink_to(secret / "x.json")
+    with pytest.raises(UnsafeRunDir):
+        run_one(spec, tmp_path / "out2", "a", 0, threads=None)
+    target = tmp_path / "victim.log"
+    (tmp_path / "out3" / "a").mkdir(parents=True)
+    (tmp_path / "out3" / "a" / "seed0.log").symlink_to(target)
+    with pytest.raises(UnsafeRunDir):
+        run_one(spec_from_dict({"arms": {"a": "nope-preset"}, "seeds": 1}), tmp_path / "out3", "a", 0, threads=None)
+    assert not target.exists()
