@@ -133,6 +133,11 @@ class RunCgroup:
         for d in self.dirs.values():
             _write(d / "cgroup.procs", pid)
 
+    def add(self, pid: int) -> None:
+        """Move the process ``pid`` (a warm run's first process, :mod:`credo.sandbox.zygote`) into this group."""
+        for d in self.dirs.values():
+            _write(d / "cgroup.procs", str(pid))
+
     # -- measurements --------------------------------------------------------------------------------
     def cpu_seconds(self) -> float:
         if self.version == 1:

@@ -119,11 +119,13 @@ class Identity:
 
 
 def bwrap_command(argv: list[str], *, workdir: Path | None, files: dict[str, Path], work_mb: int,
-                  env: dict[str, str], seccomp_fd: int | None, status_fd: int, bwrap: str = "") -> list[str]:
+                  env: dict[str, str], seccomp_fd: int | None, status_fd: int | None, bwrap: str = "",
+                  extra: tuple[str, ...] = ()) -> list[str]:
     """bubblewrap argv (``bwrap`` defaults to :data:`BWRAP`). ``/work`` is the host ``workdir`` bound read-write
     (compile steps), or a size-limited tmpfs holding read-only binds of ``files`` (test runs: nothing the
     program writes reaches the host disk). The same in both modes: user, PID, network, IPC, UTS, mount and
-    cgroup namespaces are what an unprivileged bwrap can create."""
+    cgroup namespaces are what an unprivileged bwrap can create. ``extra`` options go last (the warm
+    interpreter's capabilities and script, :mod:`credo.sandbox.zygote`)."""
     cmd = [bwrap or BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
            "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -144,7 +146,10 @@ def bwrap_command(argv: list[str], *, workdir: Path | None, files: dict[str, Pat
         cmd += ["--setenv", key, value]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
-    cmd += ["--json-status-fd", str(status_fd), "--", *argv]
+    cmd += list(extra)
+    if status_fd is not None:
+        cmd += ["--json-status-fd", str(status_fd)]
+    cmd += ["--", *argv]
     return cmd
 
 

@@ -51,6 +51,7 @@ def _worker_main(conn, index: int, root: str, uid_base: int, isolated: bool) -> 
         except (EOFError, OSError):
             return
         if msg is None:
+            ctx.close()
             return
         job_id, kind, request = msg
         try:

@@ -47,6 +47,7 @@ from credo.sandbox.limits import (
     Limits,
     compile_limits,
 )
+from credo.sandbox.zygote import Zygote, warm_default
 from credo.sandbox.results import HEAD_BYTES, JudgeRequest, JudgeResult, RunRequest, RunResult, TestResult
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -89,6 +90,13 @@ class WorkerContext:
             os.chmod(d, 0o755)
         # a uid-dropped run must be able to reach the bwrap binary (root mode: a copy under the pool's root)
         self.bwrap = reachable_bwrap(executor.BWRAP, self.root / "bin" / f"w{index}") if self.mode == "root" else ""
+        # warm Python runs (credo.sandbox.zygote): on unless $CREDO_SANDBOX_WARM turns them off; never in unsafe mode
+        self.zygote = (Zygote(identity=self.identity, cgroups=self.cgroups, rootless=self.mode == "rootless",
+                              bwrap=self.bwrap) if isolated and warm_default() else None)
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
 
     # ------------------------------------------------------------------------------ public
     def run(self, req: RunRequest) -> RunResult:
@@ -288,6 +296,15 @@ class WorkerContext:
               inputs: dict[str, bytes] | None = None, fetch: tuple[str, ...] = ()) -> RawRun:
         """Run ``argv`` once; ``/work`` holds twice the file-size limit (at least 64 MiB) plus the input files."""
         work_mb = max(64, limits.file_size_mb * 2) + (sum(map(len, (inputs or {}).values())) >> 20)
+        if self.zygote is not None and Zygote.accepts(argv, files, inputs=inputs, fetch=fetch, limits=limits,
+                                                      env=lang.env):
+            memory = (limits.memory_mb + lang.memory_overhead_mb) << 20
+            rootless = self.mode == "rootless"
+            raw = self.zygote.run(argv, files, stdin=stdin, limits=limits, work_mb=work_mb, memory=memory,
+                                  processes=max(limits.processes, lang.min_processes),
+                                  address_space=memory + (lang.address_space_mb << 20) if rootless else None)
+            reap_orphans()
+            return raw
         raw = execute(list(argv), limits=limits, stdin=stdin, identity=self.identity, cgroups=self.cgroups,
                       files=files, scratch=job / f"scratch-{uuid.uuid4().hex[:8]}", isolated=self.isolated,
                       env=lang.env, work_mb=work_mb, inputs=inputs, fetch=fetch,
