@@ -29,6 +29,7 @@ from credo.procs import started_from_main_thread
 # SandboxUnavailable is re-exported: credo.sandbox imports it from this module
 from credo.sandbox.isolation import MODE_ENV, SandboxUnavailable, resolve_mode  # noqa: F401
 from credo.sandbox.preflight import check_isolation
+from credo.sandbox.zygote import WARM_ENV, warm_default
 from credo.sandbox.languages import LANGUAGES
 from credo.sandbox.limits import COMPILE_LIMITS, SE, Limits
 from credo.sandbox.results import JudgeRequest, JudgeResult, RunRequest, RunResult, parse_judge
@@ -100,7 +101,8 @@ class _Slot:
         args = [sys.executable, "-m", "credo.sandbox._workerproc", str(child.fileno()), str(self.index), str(self.pool.root),
                 str(self.pool.uid_base), "unsafe" if self.pool.unsafe else "isolated",
                 str(os.getpid()), str(int(started_from_main_thread()))]  # credo.procs.bind_to_parent
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), MODE_ENV: self.pool.mode}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), MODE_ENV: self.pool.mode,
+               WARM_ENV: "1" if self.pool.warm else "0"}
         self.proc = subprocess.Popen(args, pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self.conn = Connection(parent.detach())
@@ -177,13 +179,16 @@ class Sandbox:
     ``Sandbox()`` raises :class:`SandboxUnavailable` if isolation cannot be set up; ``unsafe=True`` skips
     bubblewrap, seccomp and the uid drop (rlimits and, where possible, cgroups remain) and logs a warning.
     ``mode`` is ``root`` or ``rootless`` (default: ``$CREDO_SANDBOX_MODE``, else ``root`` when run as root and
-    ``rootless`` otherwise; :mod:`credo.sandbox.isolation`).
+    ``rootless`` otherwise; :mod:`credo.sandbox.isolation`). ``warm=True`` runs Python programs by forking a
+    started interpreter inside the isolation (:mod:`credo.sandbox.zygote`; default ``$CREDO_SANDBOX_WARM``, else
+    off; ignored with ``unsafe``).
     Thread-safe: many threads may submit at once (the HTTP service does).
     """
 
     def __init__(self, workers: int | None = None, *, unsafe: bool = False, root: str | Path | None = None,
-                 uid_base: int = 61000, mode: str | None = None):
+                 uid_base: int = 61000, mode: str | None = None, warm: bool | None = None):
         self.unsafe = unsafe
+        self.warm = (warm_default() if warm is None else bool(warm)) and not unsafe
         self.mode = "unsafe" if unsafe else resolve_mode(mode)
         self.uid_base = uid_base
         self.workers = workers or max(1, os.cpu_count() or 1)

@@ -90,7 +90,7 @@ class WorkerContext:
             os.chmod(d, 0o755)
         # a uid-dropped run must be able to reach the bwrap binary (root mode: a copy under the pool's root)
         self.bwrap = reachable_bwrap(executor.BWRAP, self.root / "bin" / f"w{index}") if self.mode == "root" else ""
-        # warm Python runs (credo.sandbox.zygote): on unless $CREDO_SANDBOX_WARM turns them off; never in unsafe mode
+        # warm Python runs (credo.sandbox.zygote): Sandbox(warm=True) sets $CREDO_SANDBOX_WARM; never in unsafe mode
         self.zygote = (Zygote(identity=self.identity, cgroups=self.cgroups, rootless=self.mode == "rootless",
                               bwrap=self.bwrap) if isolated and warm_default() else None)
 

@@ -49,8 +49,9 @@ WARM_ENV = "CREDO_SANDBOX_WARM"
 
 
 def warm_default() -> bool:
-    """``$CREDO_SANDBOX_WARM`` (0/false/no/off turn warm runs off), else on."""
-    return os.environ.get(WARM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """``$CREDO_SANDBOX_WARM`` (1/true/yes/on turn warm runs on); off by default (docs/sandbox.md#warm-python-runs
+    says why)."""
+    return os.environ.get(WARM_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 class ZygoteError(RuntimeError):
