@@ -94,10 +94,10 @@ WORKLOADS = (
     Workload("demo", "train", (8, 25), preset=None, overrides=(*SHORT_WARM_START, "eval.size=8"),
              about="the default demo (tiny model, string reversal, GRPO)"),
     Workload("smollm2", "train", (3, 8), preset="smollm2_addition",
-             overrides=("train.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=24",
-                        "eval.size=4"), needs="smollm2",
+             overrides=("train.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=16",
+                        "eval.size=2"), needs="smollm2",
              about="SmolLM2-135M-Instruct, one-digit sums in its chat template, 2 prompts x 4 samples"),
-    Workload("agent_maze", "train", (5, 15), preset="agent_maze", overrides=(*SHORT_WARM_START, "eval.size=8"),
+    Workload("agent_maze", "train", (4, 12), preset="agent_maze", overrides=(*SHORT_WARM_START, "eval.size=4"),
              about="the maze agent, KV cache across turns (rollout.collector.kv_reuse on)"),
     Workload("code_sandbox", "train", (4, 12), preset="code_grpo", overrides=(*SHORT_WARM_START, "eval.size=4"),
              about="code RL, each sampled program run against its tests in the sandbox (code_pass_rate)"),
@@ -182,6 +182,9 @@ def run_process(argv: list[str], tree: Path, timeout: float) -> dict[str, Any]:
             os.killpg(proc.pid, signal.SIGKILL)  # the session this call started: the workload and its children
             out, err = proc.communicate()
             status = "timeout"
+        except BaseException:  # Ctrl-C, or SIGTERM (main turns it into SystemExit): no workload outlives the suite
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
     if status == "ok" and proc.returncode:
         status = "error"
     return {"status": status, "returncode": proc.returncode, "stdout": out, "stderr": err,
@@ -237,28 +240,28 @@ def ppo_epochs(run_dir: Path) -> int:
     return int((cfg.get("train") or {}).get("ppo_epochs") or 1)
 
 
-def add_mfu(workloads: dict[str, dict[str, Any]], tree: Path, args) -> dict[str, Any]:
-    """The update's MFU of every train workload that ran (one suite_workers.py mfu process in `tree`: the peak
-    FLOP/s of a float32 matmul and each run's parameter count)."""
-    runs = {n: Path(w["run_dir"]) for n, w in workloads.items() if w.get("status") == "ok" and w.get("run_dir")}
+def add_mfu(records: list[dict[str, Any]], tree: Path, args) -> dict[str, Any]:
+    """The update's MFU of every train workload record that ran (one suite_workers.py mfu process in `tree`: the
+    peak FLOP/s of a float32 matmul, measured now, and each run's parameter count)."""
+    runs = [r for r in records if r.get("status") == "ok" and r.get("run_dir")]
     if not runs:
         return {}
-    res = run_process([args.python, str(HERE / "suite_workers.py"), "mfu", *map(str, runs.values())], tree,
+    res = run_process([args.python, str(HERE / "suite_workers.py"), "mfu", *(r["run_dir"] for r in runs)], tree,
                       args.timeout)
     line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("SUITE ")), None)
     if res["status"] != "ok" or line is None:
         return {"status": res["status"], "stderr_tail": res["stderr"][-2000:]}
     info = json.loads(line[len("SUITE "):])
-    for name, run_dir in runs.items():
+    for rec in runs:
+        run_dir = Path(rec["run_dir"])
         params = info["params"].get(str(run_dir))
         if not isinstance(params, int):
-            workloads[name]["mfu_error"] = params
+            rec["mfu_error"] = params
             continue
-        w = next(x for x in WORKLOADS if x.name == name)
-        timed = report.timed_rows(read_rows(run_dir / "metrics.jsonl"), w.warmup[bool(args.full)])
-        workloads[name]["mfu"] = report.train_summary(timed, params=params, peak_flops=info["peak_flops"],
-                                                      ppo_epochs=ppo_epochs(run_dir))["mfu"]
-        workloads[name]["params"] = params
+        timed = report.timed_rows(read_rows(run_dir / "metrics.jsonl"), rec["warmup_steps"])
+        rec["mfu"] = report.train_summary(timed, params=params, peak_flops=info["peak_flops"],
+                                          ppo_epochs=ppo_epochs(run_dir))["mfu"]
+        rec["params"] = params
     return {"peak_flops": info["peak_flops"], "matmul_n": info["matmul_n"],
             "definition": "6 N (prompt + response tokens) ppo_epochs / update seconds / float32 matmul FLOP/s"}
 
@@ -311,7 +314,7 @@ def run_suite(tree: Path, args) -> dict[str, Any]:
             print(f"[suite] {w.name} ...", end=" ", flush=True)
             rec = doc["workloads"][w.name] = run_workload(w, tree, args, Path(tmp))
             print(summary_line(rec), flush=True)
-        doc["mfu_baseline"] = add_mfu(doc["workloads"], tree, args)
+        doc["mfu_baseline"] = add_mfu(list(doc["workloads"].values()), tree, args)
     finish(doc, t0)
     return doc
 
@@ -363,11 +366,10 @@ def run_ab(tree_a: Path, tree_b: Path, args) -> dict[str, Any]:
                 for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
                     print(f"[suite] round {r + 1} {w.name} {side} ...", end=" ", flush=True)
                     rec = run_workload(w, trees[side], args, Path(tmp))
-                    if rec.get("run_dir"):
-                        extra = add_mfu({w.name: rec}, trees[side], args)
-                        rec["mfu_peak_flops"] = extra.get("peak_flops")
                     recs[side].setdefault(w.name, []).append(rec)
                     print(summary_line(rec), flush=True)
+        for side in ("A", "B"):  # one MFU process per side, over all its rounds' runs
+            docs[side]["mfu_baseline"] = add_mfu([r for rs in recs[side].values() for r in rs], trees[side], args)
     for side in ("A", "B"):
         docs[side]["workloads"] = {n: merge(rs) for n, rs in recs[side].items()}
         docs[side]["ab"] = {"rounds": args.rounds, "order": "A B, then B A, alternating by round"}
@@ -421,6 +423,19 @@ def main(argv: list[str] | None = None) -> int:
         report.write_docs(load(args.write_docs), DOCS)
         print(f"wrote the suite table of {DOCS}")
         return 0
+    # SIGTERM as SystemExit, so run_process kills the workload's process group before the suite ends
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        failed = run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if failed:
+        print(f"workloads that crashed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def run(args) -> list[str]:
+    """Run the suite (or the A/B), write and print; the names of the workloads that crashed."""
     if args.ab:
         docs = run_ab(Path(args.ab[0]).resolve(), Path(args.ab[1]).resolve(), args)
         rows = report.compare_docs(docs["A"], docs["B"])
@@ -428,15 +443,11 @@ def main(argv: list[str] | None = None) -> int:
         path = write_json(docs, args.json, "suite-ab")
         print("\n".join(report.compare_lines(docs["A"], docs["B"], rows)))
         print(f"suite A/B JSON: {path}")
-        failed = [n for d in ("A", "B") for n, w in docs[d]["workloads"].items() if w["status"] == "error"]
-    else:
-        doc = run_suite(Path(args.tree).resolve(), args)
-        path = write_json(doc, args.json, f"suite-{doc['commit'][:10] or 'nogit'}")
-        print(f"suite JSON: {path} ({doc['wall_s']:.0f} s)")
-        failed = [n for n, w in doc["workloads"].items() if w["status"] == "error"]
-    if failed:
-        print(f"workloads that crashed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+        return [n for d in ("A", "B") for n, w in docs[d]["workloads"].items() if w["status"] == "error"]
+    doc = run_suite(Path(args.tree).resolve(), args)
+    path = write_json(doc, args.json, f"suite-{doc['commit'][:10] or 'nogit'}")
+    print(f"suite JSON: {path} ({doc['wall_s']:.0f} s)")
+    return [n for n, w in doc["workloads"].items() if w["status"] == "error"]
 
 
 if __name__ == "__main__":

@@ -178,3 +178,22 @@ def test_demo_workload_end_to_end(tmp_path, monkeypatch):
     assert w["status"] == "ok" and len(w["steps"]) == 1 and w["median"]["step"] > 0
     assert w["median"]["generation"] > 0 and w["tokens_per_s"] > 0 and w["mfu"] > 0 and w["params"] > 0
     assert demo.name == "demo"
+
+
+def test_ab_interleaves_the_two_trees_round_by_round(monkeypatch, tmp_path):
+    calls = []
+
+    def fake(w, tree, args, tmp):
+        calls.append((w.name, tree.name))
+        t = 1.0 if tree.name == "a" else 0.5
+        return {"status": "ok", "steps": [{"step": t}, {"step": t}], "median": {"step": t}, "peak_rss_mb": 1.0,
+                "wall_s": 0.0}
+
+    monkeypatch.setattr(suite, "run_workload", fake)
+    args = suite.parse(["--quick", "--only", "demo", "sandbox", "--ab", "a", "b", "--rounds", "2"])
+    docs = suite.run_ab(tmp_path / "a", tmp_path / "b", args)
+    assert calls == [("demo", "a"), ("demo", "b"), ("sandbox", "a"), ("sandbox", "b"),
+                     ("demo", "b"), ("demo", "a"), ("sandbox", "b"), ("sandbox", "a")]
+    assert len(docs["A"]["workloads"]["demo"]["steps"]) == 4 and docs["B"]["workloads"]["demo"]["rounds"] == 2
+    rows = report.compare_docs(docs["A"], docs["B"], boot=50)
+    assert next(r for r in rows if r["workload"] == "demo" and r["component"] == "step")["ratio"] == 0.5
