@@ -441,8 +441,10 @@ def run(args) -> list[str]:
         rows = report.compare_docs(docs["A"], docs["B"])
         docs["compare"] = rows
         path = write_json(docs, args.json, "suite-ab")
+        for side in ("A", "B"):  # each side also as a suite JSON of its own (--compare, --table read those)
+            write_json(docs[side], str(path.with_name(f"{path.stem}-{side}.json")), "")
         print("\n".join(report.compare_lines(docs["A"], docs["B"], rows)))
-        print(f"suite A/B JSON: {path}")
+        print(f"suite A/B JSON: {path} (sides: {path.stem}-A.json, {path.stem}-B.json)")
         return [n for d in ("A", "B") for n, w in docs[d]["workloads"].items() if w["status"] == "error"]
     doc = run_suite(Path(args.tree).resolve(), args)
     path = write_json(doc, args.json, f"suite-{doc['commit'][:10] or 'nogit'}")
