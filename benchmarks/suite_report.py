@@ -129,14 +129,19 @@ def _fmt(x: Any, spec: str) -> str:
     return "" if x is None else format(x, spec)
 
 
+def _load(xs: Any) -> str:
+    return "/".join(f"{x:.2f}" for x in xs) if xs else "?"
+
+
 def table(doc: dict[str, Any]) -> str:
     """Markdown: one row per workload, the medians of the split (seconds), tokens/s, peak RSS, MFU; workloads whose
     samples are not RL steps (sandbox, weight sync) give their own components in the last column."""
     m = doc.get("machine", {})
     head = (f"Suite v{doc.get('suite_version')}, {doc.get('mode')} mode, commit {str(doc.get('commit'))[:10]}"
             f"{' (dirty)' if doc.get('dirty') else ''}, {doc.get('date')}; {m.get('cores')} cores "
-            f"({m.get('cpu_model')}), {_fmt(m.get('ram_gb'), '.0f')} GB RAM, load {m.get('load_before')} before, "
-            f"{m.get('load_after')} after; torch {m.get('torch')}. Medians in seconds over the timed steps.")
+            f"({m.get('cpu_model')}), {_fmt(m.get('ram_gb'), '.0f')} GB RAM, load average {_load(m.get('load_before'))} "
+            f"before, {_load(m.get('load_after'))} after; torch {m.get('torch')}. Medians in seconds over the timed "
+            f"steps.")
     cols = ["workload", "status", "step", *SPLIT, "other", "tokens/s", "peak RSS MB", "MFU", "other samples (median)"]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, w in doc.get("workloads", {}).items():
