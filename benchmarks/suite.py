@@ -168,6 +168,14 @@ def unavailable(w: Workload, args) -> str | None:
     return None
 
 
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group (session) that run_process started: the workload and its children."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
+
+
 def run_process(argv: list[str], tree: Path, timeout: float) -> dict[str, Any]:
     """Run argv in `tree` with it first on PYTHONPATH, polling its process tree's RSS."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -179,11 +187,11 @@ def run_process(argv: list[str], tree: Path, timeout: float) -> dict[str, Any]:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the session this call started: the workload and its children
+            kill_group(proc.pid)
             out, err = proc.communicate()
             status = "timeout"
         except BaseException:  # Ctrl-C, or SIGTERM (main turns it into SystemExit): no workload outlives the suite
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid)
             raise
     if status == "ok" and proc.returncode:
         status = "error"
@@ -218,8 +226,11 @@ def run_workload(w: Workload, tree: Path, args, tmp: Path) -> dict[str, Any]:
         rec["stderr_tail"] = res["stderr"][-2000:]
         return rec
     if w.kind == "worker":
-        rec.update(json.loads(next(x[len("SUITE "):] for x in reversed(res["stdout"].splitlines())
-                                   if x.startswith("SUITE "))))
+        line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("SUITE ")), None)
+        if line is None:
+            return {**rec, "status": "error", "reason": "no SUITE line in its output",
+                    "stderr_tail": res["stderr"][-2000:]}
+        rec.update(json.loads(line[len("SUITE "):]))
         rec["median"] = report.medians(rec["steps"])
         return rec
     rows = read_rows(run_dir / "metrics.jsonl")
