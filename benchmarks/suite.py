@@ -2,7 +2,7 @@
 step-time split, tokens/s, peak RSS and MFU, in one JSON per invocation; `--compare` prints per-workload ratios with
 intervals; `--table` / `--write-docs` make docs/performance.md's "Workload suite" table from a JSON.
 
-    python benchmarks/suite.py --quick                       # < 5 min on 2 cores: runs/bench/suite-<commit>-<time>.json
+    python benchmarks/suite.py --quick                       # sized for < 5 min on 2 quiet cores: runs/bench/suite-*.json
     python benchmarks/suite.py                               # full mode: more steps per workload
     python benchmarks/suite.py --quick --tree /tmp/credo-old # measure another checkout (git worktree add ...)
     python benchmarks/suite.py --compare A.json B.json       # B / A per workload and component, 95% intervals
