@@ -20,6 +20,8 @@ against credo with all on.
     python benchmarks/vs_trl.py                     # the demo's tiny model on string reversal
     python benchmarks/vs_trl.py --model smollm2 --chat --max-new-tokens 48 --prompts 4 --rounds 3 --steps 3 --warmup 1
         # SmolLM2-135M-Instruct asked one-digit sums through its chat template (credo model prepare smollm2)
+    python benchmarks/vs_trl.py --time-to-accuracy --seeds 3
+        # wall time to a held-out greedy accuracy, SmolLM2 on one-digit sums, per seed (benchmarks/vs_trl_tta.py)
 """
 from __future__ import annotations
 
@@ -202,7 +204,13 @@ def main() -> None:
     ap.add_argument("--credo", nargs="*", default=[], help="extra credo overrides, e.g. train.pack=true")
     ap.add_argument("--ablation", action="store_true", help="also compare credo with each of its step-time "
                     "features turned off in turn (" + ", ".join(ABLATIONS) + ") against credo with all on")
+    import vs_trl_tta  # benchmarks/ (this script's directory) is on sys.path
+
+    vs_trl_tta.add_arguments(ap)
     args = ap.parse_args()
+    if args.time_to_accuracy:  # time to held-out accuracy instead of step times (benchmarks/vs_trl_tta.py)
+        vs_trl_tta.main(args)
+        return
     args.max_new_tokens = args.max_new_tokens or (12 if args.model == "tiny" else 24)
     if args.only == "prepare":
         print("MODEL " + str(prepare(args, Path(args.out))))
