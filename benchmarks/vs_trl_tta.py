@@ -282,13 +282,12 @@ def run_credo(args, model_dir: str, out: Path) -> dict:
     import credo.recipes.rlvr as rlvr
     import vs_trl
     from credo.config import load_config
-    from credo.tracking.metrics import read_metrics
 
     t_setup = time.perf_counter()
     _, held_out = splits(args)
     recorder = Recorder(GreedyEvaluator(model_dir, held_out, args.max_new_tokens, vs_trl.CHAT_TEMPLATE),
                         args.eval_every, args.threshold)
-    step_fn, setup = rlvr.rl_step, {}
+    step_fn, setup, rewards = rlvr.rl_step, {}, []
 
     def timed_step(cfg, parts, state, *, step):
         if not recorder.points:  # the step-0 evaluation, before the clock starts
@@ -296,6 +295,7 @@ def run_credo(args, model_dir: str, out: Path) -> dict:
             recorder.evaluate(parts.model, 0)
         recorder.clock.start()
         metrics = step_fn(cfg, parts, state, step=step)
+        rewards.append(float(metrics.get("reward/mean", float("nan"))))
         if recorder.evaluate(parts.model, step + 1):
             raise _Stop
         return metrics
@@ -319,8 +319,7 @@ def run_credo(args, model_dir: str, out: Path) -> dict:
         pass
     finally:
         rlvr.rl_step = step_fn
-    rows = [r for r in read_metrics(out / "credo" / "metrics.jsonl") if "reward/mean" in r]
-    return recorder.result(reward=[r["reward/mean"] for r in rows], **setup)
+    return recorder.result(reward=rewards, **setup)
 
 
 # ---------------------------------------------------------------- the comparison (parent process)
@@ -331,8 +330,8 @@ def add_arguments(ap) -> None:
     g.add_argument("--time-to-accuracy", action="store_true", help="instead of step times: wall time until "
                    "held-out greedy accuracy first reaches --threshold, SmolLM2 on one-digit sums, per seed")
     g.add_argument("--seeds", type=int, default=3, help="run seeds 0..N-1 (prompt order and sampling)")
-    g.add_argument("--threshold", type=float, default=0.6, help="held-out greedy accuracy to reach")
-    g.add_argument("--max-steps", type=int, default=20, help="step budget per run (censored if not reached)")
+    g.add_argument("--threshold", type=float, default=0.9, help="held-out greedy accuracy to reach")
+    g.add_argument("--max-steps", type=int, default=10, help="step budget per run (censored if not reached)")
     g.add_argument("--eval-every", type=int, default=1, help="steps between held-out evaluations")
     g.add_argument("--eval-size", type=int, default=40, help="held-out one-digit sums (of the 100)")
     g.add_argument("--train-size", type=int, default=200, help="training examples drawn from the other sums")
