@@ -357,6 +357,7 @@ def merge(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["steps"] = [s for r in records for s in r["steps"]]
     out["median"] = report.medians(out["steps"])
     out["rounds"] = len(records)
+    out["wall_s"] = sum(r.get("wall_s", 0.0) for r in records)
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in records)
     for key in ("tokens_per_s", "gen_tokens_per_s", "mfu"):
         vals = [r[key] for r in records if r.get(key) is not None]

@@ -106,7 +106,12 @@ def compare_lines(a: dict[str, Any], b: dict[str, Any], rows: list[dict[str, Any
              f"{a.get('mode', '')}", f"B: {b.get('commit', '?')[:10]}{' (dirty)' if b.get('dirty') else ''} "
              f"{b.get('date', '')} {b.get('mode', '')}",
              "ratio = B / A of the medians (times: below 1 means B is faster), bootstrap 95% interval over the "
-             "steps (independent samples)", f"note: {DRIFT_NOTE}"]
+             "steps (independent samples)"]
+    if a.get("ab") and b.get("ab") and a.get("date") == b.get("date"):
+        lines.append(f"the two sides of one --ab invocation: their workloads interleaved in {a['ab']['rounds']} "
+                     f"round(s) ({a['ab']['order']})")
+    else:
+        lines.append(f"note: {DRIFT_NOTE}")
     if a.get("mode") != b.get("mode"):
         lines.append(f"warning: modes differ ({a.get('mode')} vs {b.get('mode')}): the workloads differ in size")
     for r in rows:

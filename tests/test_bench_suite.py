@@ -195,5 +195,7 @@ def test_ab_interleaves_the_two_trees_round_by_round(monkeypatch, tmp_path):
     assert calls == [("demo", "a"), ("demo", "b"), ("sandbox", "a"), ("sandbox", "b"),
                      ("demo", "b"), ("demo", "a"), ("sandbox", "b"), ("sandbox", "a")]
     assert len(docs["A"]["workloads"]["demo"]["steps"]) == 4 and docs["B"]["workloads"]["demo"]["rounds"] == 2
+    assert docs["A"]["workloads"]["demo"]["wall_s"] == 0.0
     rows = report.compare_docs(docs["A"], docs["B"], boot=50)
+    assert "interleaved in 2 round(s)" in "\n".join(report.compare_lines(docs["A"], docs["B"], rows))
     assert next(r for r in rows if r["workload"] == "demo" and r["component"] == "step")["ratio"] == 0.5
