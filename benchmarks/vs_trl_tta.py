@@ -331,11 +331,11 @@ def add_arguments(ap) -> None:
                    "held-out greedy accuracy first reaches --threshold, SmolLM2 on one-digit sums, per seed")
     g.add_argument("--seeds", type=int, default=3, help="run seeds 0..N-1 (prompt order and sampling)")
     g.add_argument("--threshold", type=float, default=0.9, help="held-out greedy accuracy to reach")
-    g.add_argument("--max-steps", type=int, default=10, help="step budget per run (censored if not reached)")
+    g.add_argument("--max-steps", type=int, default=8, help="step budget per run (censored if not reached)")
     g.add_argument("--eval-every", type=int, default=1, help="steps between held-out evaluations")
     g.add_argument("--eval-size", type=int, default=40, help="held-out one-digit sums (of the 100)")
     g.add_argument("--train-size", type=int, default=200, help="training examples drawn from the other sums")
-    g.add_argument("--lr", type=float, default=2e-5, help="learning rate (both sides)")
+    g.add_argument("--lr", type=float, default=5e-5, help="learning rate (both sides)")
     g.add_argument("--run-seed", type=int, default=0, help=argparse.SUPPRESS)
 
 
