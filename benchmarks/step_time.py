@@ -20,6 +20,10 @@ to the next option or `--`: the A / B override lists are printed first, check th
     python benchmarks/step_time.py --steps 40 train.prompts_per_step=32
     python benchmarks/step_time.py --config agent_maze --rounds 3 --steps 8 --warmup-steps 2 \\
         --base rollout.collector.kv_reuse=false --ab rollout.collector.kv_reuse=true -- warm_start.steps=20
+    python benchmarks/step_time.py --rounds 4 --steps 12 --env-a MKL_CBWR=COMPATIBLE --env-b MKL_CBWR=AUTO
+
+--env-a / --env-b NAME=VALUE ...: environment variables of one side's processes (alone or with --ab / --base), e.g.
+MKL's reproducibility branch, which must be set before the process's first matrix product.
 """
 from __future__ import annotations
 
@@ -136,21 +140,21 @@ def _warn_one_sided(base: list[str], ab: list[str]) -> None:
 def ab(args) -> None:
     import harness  # benchmarks/ (this script's directory) is on sys.path
 
-    labels = (" ".join(args.base) or "base config", " ".join(args.ab))
+    labels = (" ".join(args.env_a + args.base) or "base config", " ".join(args.env_b + args.ab))
     print(f"config: {args.config or 'default'}; both sides: {' '.join(args.overrides) or '-'}\n  A: {labels[0]}\n"
           f"  B: {labels[1]}\n{args.rounds} rounds of {args.steps} RL steps per side ({args.warmup_steps} warm-up "
           "steps per process left out)", flush=True)
     _warn_one_sided(args.base, args.ab)
     with tempfile.TemporaryDirectory() as tmp:
-        def cmd(overrides: list[str], name: str):
+        def cmd(overrides: list[str], name: str, env: list[str]):
             def argv(i: int) -> list[str]:  # each round its own run directory
                 out = tempfile.mkdtemp(dir=tmp, prefix=f"{name}-{i}-")
-                return [sys.executable, __file__, "--child", out, "--steps", str(args.steps),
+                return [*(["env", *env] if env else []), sys.executable, __file__, "--child", out, "--steps", str(args.steps),
                         *(["--config", args.config] if args.config else []), "--", *args.overrides, *overrides]
             return argv
 
         try:
-            cmp = harness.run_rounds(cmd(args.base, "a"), cmd(args.ab, "b"), rounds=args.rounds,
+            cmp = harness.run_rounds(cmd(args.base, "a", args.env_a), cmd(args.ab, "b", args.env_b), rounds=args.rounds,
                                      warmup=args.warmup_steps, order=args.order, seed=args.seed, marker="TIMES ",
                                      timeout=args.timeout, name="B / A step time", labels=labels)
         except (RuntimeError, ValueError) as err:
@@ -168,6 +172,8 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=3, help="RL steps (of each process) excluded from the medians")
     ap.add_argument("--ab", nargs="+", metavar="KEY=VALUE", help="A/B mode: B's overrides (A runs without them)")
     ap.add_argument("--base", nargs="+", default=[], metavar="KEY=VALUE", help="A/B mode: A's own overrides")
+    ap.add_argument("--env-a", nargs="+", default=[], metavar="NAME=VALUE", help="A/B mode: A's environment")
+    ap.add_argument("--env-b", nargs="+", default=[], metavar="NAME=VALUE", help="A/B mode: B's environment")
     ap.add_argument("--rounds", type=int, default=3, help="A/B mode: interleaved rounds, one process per side each")
     ap.add_argument("--order", choices=("alternate", "balanced"), default="alternate",
                     help="A/B mode: A B A B ..., or each round pair in a seeded random order")
@@ -179,7 +185,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         child(args)
-    elif args.ab:
+    elif args.ab or args.env_a or args.env_b:
+        args.ab = args.ab or []
         ab(args)
     elif args.base:
         ap.error("--base needs --ab (the B side's overrides)")

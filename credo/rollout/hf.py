@@ -221,7 +221,7 @@ class HFRolloutEngine:
                 keep = (~done).nonzero().flatten()
                 state.select(keep) if state is not None else cache.reorder_cache(keep)
                 active, attn, step_pos, nxt, done = active[keep], attn[keep], step_pos[keep], nxt[keep], done[keep]
-            if hook is not None and hook.before_step(t + 1) and hook.recompute_kv:  # new weights: a fresh prefill
+            if hook is not None and hook.before_step(t + 1) and not self._keeps_kv(hook, state):
                 cache, attn, logits, state, step_pos = self._refill(prefixes, tokens, active, t + 1, pixel_values)
                 continue
             step_pos = step_pos + 1
@@ -234,6 +234,15 @@ class HFRolloutEngine:
             cache, logits = output_cache(out), out.logits[:, -1, :]
         keep_kv(torch.arange(len(active), device=self.device))
         return self._continuations(tokens, logps, tops, lengths, finished, on_finish, vers)
+
+    def _keeps_kv(self, hook: DecodeHook, state) -> bool:
+        """New weights mid-continuation: whether decoding goes on with the keys / values so far (the lean loop then
+        re-reads its stacked weights); False where the hook asks for a fresh prefill under the new weights."""
+        if hook.recompute_kv:
+            return False
+        if state is not None:
+            self.lean.refresh(state)
+        return True
 
     def _record(self, t: int, active, done, nxt, lp, full, tokens, logps, lengths, vers, tops) -> None:
         """Write decode step ``t``'s tokens, log-probs (and versions, top log-probs) of the live rows."""

@@ -308,7 +308,7 @@ def test_mkl_reproducibility_mode_is_set_at_import_and_respects_the_user():
     env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
                          capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "COMPATIBLE"
+    assert out.stdout.strip() == "AUTO"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO),
                          "MKL_CBWR": "AVX2"}, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "AVX2"
