@@ -158,6 +158,33 @@ def test_consecutive_warm_runs_do_not_see_each_other(pools):
         assert r.stdout.strip() == "False False [] False False /work False /usr/lib/python311.zip ['1', '2']", r
 
 
+def test_a_run_leaves_nothing_in_the_shared_network_namespace(pools):
+    """Warm runs of a worker share the zygote's network namespace (docs/sandbox.md, warm Python runs): a listener
+    one run leaves (on the loopback, on an abstract unix socket, in a background process) is gone for the next."""
+    warm = pools[0]
+    listen = ("import os, socket, time\n"
+              "if os.fork() == 0:\n"
+              "    os.setsid()\n"
+              "    for family, address in ((socket.AF_INET, ('127.0.0.1', 45871)), (socket.AF_UNIX, '\\0credo')):\n"
+              "        try:\n"
+              "            s = socket.socket(family, socket.SOCK_STREAM); s.bind(address); s.listen()\n"
+              "        except OSError:\n"
+              "            pass\n"
+              "    time.sleep(60)\n"
+              "time.sleep(0.2)\nprint('planted')\n")
+    probe = ("import socket\n"
+             "for family, address in ((socket.AF_INET, ('127.0.0.1', 45871)), (socket.AF_UNIX, '\\0credo')):\n"
+             "    try:\n"
+             "        socket.socket(family, socket.SOCK_STREAM).connect(address); print('reached')\n"
+             "    except OSError as exc:\n"
+             "        print(type(exc).__name__)\n")
+    for _ in range(4):  # both workers, twice
+        assert warm.run(listen, "python", limits=Limits(time_s=1.0)).stdout == "planted\n"
+    for _ in range(4):
+        r = warm.run(probe, "python")
+        assert r.verdict == "OK" and "reached" not in r.stdout and r.stdout.count("\n") == 2, r
+
+
 def test_a_run_cannot_reach_its_zygote(pools):
     warm = pools[0]
     r = warm.run("import os\nprint(sorted(os.listdir('/proc')) == sorted(set(os.listdir('/proc'))))\n"
