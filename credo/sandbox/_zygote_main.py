@@ -8,7 +8,7 @@ file is standard library only (the system Python runs it, not credo's).
 Per run the zygote receives five descriptors on the control socket FD (spec, status, stdin, stdout, stderr),
 forks, reports the child's pid and waits for it; it never reads a run's data. The child (C) reads the spec
 (``marshal``: argv, files, rlimits, sizes) once the worker has put it in the run's cgroup, then unshares fresh
-mount, PID, IPC and cgroup namespaces (the network namespace stays the zygote's: docs/sandbox.md) and forks P1, pid 1 of the run: P1 mounts a private ``/proc``,
+mount, PID, IPC, network and cgroup namespaces and forks P1, pid 1 of the run: P1 mounts a private ``/proc``,
 size-limited tmpfs ``/work`` and ``/tmp`` with the program's files bound read-only, drops every capability
 (bounding and ambient sets included), installs the seccomp filter and forks U, pid 2, which takes the run's
 stdio, closes every other descriptor, sets the rlimits, starts a new session, resets the interpreter to what
@@ -27,7 +27,7 @@ import _socket  # noqa: E402
 import resource  # noqa: E402
 
 libc = ctypes.CDLL(None, use_errno=True)
-NEWNS, NEWPID, NEWIPC, NEWCGROUP = 0x20000, 0x20000000, 0x08000000, 0x02000000
+NEWNS, NEWPID, NEWIPC, NEWNET, NEWCGROUP = 0x20000, 0x20000000, 0x08000000, 0x40000000, 0x02000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 32, 4096, 16384, 1 << 18
 MS_RDONLY = 1
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 4, 24, 47, 4
@@ -115,7 +115,7 @@ def child(fds):
     try:
         spec = marshal.loads(read_all(spec_fd))
         posix.close(spec_fd)
-        check(libc.unshare(NEWNS | NEWPID | NEWIPC | NEWCGROUP), "unshare")
+        check(libc.unshare(NEWNS | NEWPID | NEWIPC | NEWNET | NEWCGROUP), "unshare")
         pid = posix.fork()
     except BaseException as exc:  # noqa: BLE001 - the sandbox's failure, reported on the status pipe
         posix.write(status_fd, f"setup failed: {exc}".encode()[:1000])

@@ -2,8 +2,7 @@
 
 A cold run starts bubblewrap and then ``python3 -I -S -B main.py`` for every program. A warm run asks the worker's
 zygote, an interpreter started once under the same bubblewrap command line (:mod:`credo.sandbox._zygote_main`),
-to fork: the fork gets fresh mount, PID, IPC and cgroup namespaces (the zygote's own network namespace, empty
-but for a loopback device, is shared by a worker's runs: docs/sandbox.md), its own ``/proc``, tmpfs ``/work``
+to fork: the fork gets fresh mount, PID, IPC, network and cgroup namespaces, its own ``/proc``, tmpfs ``/work``
 and ``/tmp``, the run's rlimits, no capabilities and the seccomp filter before the program's first instruction,
 and the host side watches it exactly as :func:`credo.sandbox.executor.execute` watches a cold run (the same
 per-run cgroup in root mode, the same process-tree watchdog in rootless mode, the same byte caps and kill-all).
