@@ -159,8 +159,8 @@ def test_consecutive_warm_runs_do_not_see_each_other(pools):
 
 
 def test_a_run_leaves_nothing_in_the_shared_network_namespace(pools):
-    """Warm runs of a worker share the zygote's network namespace (docs/sandbox.md, warm Python runs): a listener
-    one run leaves (on the loopback, on an abstract unix socket, in a background process) is gone for the next."""
+    """Each warm run gets a fresh network namespace (docs/sandbox.md, warm Python runs): a listener one run leaves
+    (on the loopback, on an abstract unix socket, in a background process) is gone for the next."""
     warm = pools[0]
     listen = ("import os, socket, time\n"
               "if os.fork() == 0:\n"
