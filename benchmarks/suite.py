@@ -369,6 +369,7 @@ def run_ab(tree_a: Path, tree_b: Path, args) -> dict[str, Any]:
     """`--rounds` rounds; in each, every workload runs on both trees back to back, the order alternating A B / B A
     from round to round (benchmarks/harness.py's interleaving), so a drift of the machine falls on both."""
     docs = {"A": new_doc(tree_a, args), "B": new_doc(tree_b, args)}
+    docs["B"]["date"] = docs["A"]["date"]  # one invocation, one date (--compare recognises the pair by it)
     trees = {"A": tree_a, "B": tree_b}
     recs: dict[str, dict[str, list]] = {"A": {}, "B": {}}
     t0 = time.perf_counter()

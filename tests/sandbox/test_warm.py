@@ -118,7 +118,9 @@ def test_warm_run_equals_cold_run(pools, index):
     warm, cold = pools
     source, stdin, limits = EQUIVALENCE[index]
     w, c = (pool.run(source, "python", stdin=stdin, limits=limits) for pool in pools)
-    assert (w.verdict, w.exit_code, w.signal) == (c.verdict, c.exit_code, c.signal), (w, c)
+    assert w.verdict == c.verdict, (w, c)
+    if w.verdict != "OLE":  # past the output cap, the kill races the program's own exit on either path
+        assert (w.exit_code, w.signal) == (c.exit_code, c.signal), (w, c)
     assert w.stdout == c.stdout and w.stderr == c.stderr, (w, c)
     assert warm.run(IS_WARM, "python").stdout.strip() == ZYGOTE_MARK  # it did run warm
     assert cold.run(IS_WARM, "python").stdout.strip() == "main.py"
@@ -158,7 +160,7 @@ def test_consecutive_warm_runs_do_not_see_each_other(pools):
         assert r.stdout.strip() == "False False [] False False /work False /usr/lib/python311.zip ['1', '2']", r
 
 
-def test_a_run_leaves_nothing_in_the_shared_network_namespace(pools):
+def test_a_listener_one_run_leaves_is_gone_for_the_next(pools):
     """Each warm run gets a fresh network namespace (docs/sandbox.md, warm Python runs): a listener one run leaves
     (on the loopback, on an abstract unix socket, in a background process) is gone for the next."""
     warm = pools[0]
