@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules import module as _module_mod
 from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
@@ -188,9 +189,7 @@ def _plain(module: torch.nn.Module) -> bool:
 
 
 def _global_hooks() -> bool:
-    from torch.nn.modules import module as m
-
-    return bool(m._global_forward_hooks or m._global_forward_pre_hooks)
+    return bool(_module_mod._global_forward_hooks or _module_mod._global_forward_pre_hooks)
 
 
 def fuse_layer(layer: torch.nn.Module) -> FusedLayer | None:
