@@ -21,9 +21,11 @@ BASELINE = frozenset(sys.modules)  # what `python3 -I -S -B main.py` has importe
 IMPORTER_CACHE = dict(sys.path_importer_cache)
 
 import ctypes  # noqa: E402  (after the baseline is taken)
+import gc  # noqa: E402
 import marshal  # noqa: E402
 import posix  # noqa: E402
 import _socket  # noqa: E402
+import _weakref  # noqa: E402
 import resource  # noqa: E402
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -202,6 +204,86 @@ def exit_code_of(exc):
     return 1
 
 
+def unraisable_args_type():
+    """``sys.UnraisableHookArgs``, which Python 3.11 does not name: the type of what the hook receives."""
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = seen.append
+
+    class Raises:
+        def __del__(self):
+            raise RuntimeError
+
+    Raises()  # freed at once: its __del__'s exception goes to the hook
+    sys.unraisablehook = hook
+    return type(seen[0])
+
+
+UNRAISABLE_ARGS = unraisable_args_type()
+
+
+def flush_std_files(report=True):
+    """CPython's flush_std_files: False when a flush failed, reported as CPython reports it. ``report=False``: the
+    last flush, which CPython leaves to the streams' deallocation (errors unseen, the status unchanged)."""
+    ok = True
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name, None)
+        if stream is None or getattr(stream, "closed", True):
+            continue
+        try:
+            stream.flush()
+        except BaseException as exc:  # noqa: BLE001 - CPython: PyErr_WriteUnraisable(stream), status -1
+            if report:
+                sys.unraisablehook(UNRAISABLE_ARGS((type(exc), exc, None, None, stream)))
+                ok = False
+    return ok
+
+
+def clear_module(module):
+    """CPython's _PyModule_ClearDict: names starting with one underscore set to None first, then the rest (not
+    ``__builtins__``)."""
+    d = getattr(module, "__dict__", None)
+    if not isinstance(d, dict):
+        return
+    for first in (True, False):
+        for key in list(d):
+            if isinstance(key, str) and key != "__builtins__" and (
+                    key.startswith("_") and not key.startswith("__")) == first:
+                d[key] = None
+
+
+def finish(code):
+    """The program's exit, as CPython's Py_FinalizeEx runs it for what the program made: wait for its threads,
+    atexit callbacks, flush; then, as finalize_modules does, the standard streams restored, ``__main__`` and the
+    modules the program imported dropped from ``sys.modules`` in import order, a collection (``__del__`` of what
+    they held, unclosed files flushed), what is still alive cleared newest first; a last flush and the exit, 120
+    when the first flush failed. The zygote's own heap (frozen: :func:`gc.freeze`) is left alone: tearing it down would
+    copy each of its pages into this process for nothing (docs/sandbox.md#warm-python-runs)."""
+    if "threading" in sys.modules:
+        try:
+            sys.modules["threading"]._shutdown()
+        except BaseException:  # noqa: BLE001
+            sys.excepthook(*sys.exc_info())
+    import atexit
+    atexit._run_exitfuncs()
+    ok = flush_std_files()
+    for name in ("stdin", "stdout", "stderr"):
+        setattr(sys, name, getattr(sys, f"__{name}__"))
+    alive = []
+    for name in [n for n in sys.modules if n == "__main__" or n not in BASELINE]:
+        module = sys.modules[name]
+        sys.modules[name] = None
+        try:
+            alive.append(_weakref.ref(module))
+        except TypeError:
+            pass
+        del module
+    gc.collect()
+    for ref in reversed(alive):
+        clear_module(ref())
+    gc.collect()
+    flush_std_files(report=False)
+    posix._exit(code if ok else 120)
+
 def serve(control_fd):
     """The zygote's loop: one fork per request; returns (in the program's process) the run's spec."""
     sock = _socket.socket(fileno=control_fd)
@@ -240,16 +322,20 @@ def serve(control_fd):
 
 if __name__ == "__main__":
     # module level on purpose: the program's <module> frame has this frame alone beneath it
+    gc.freeze()  # the zygote's objects out of every collection: a run's collections do not touch their pages
     _spec = child(serve(int(sys.argv[1])))  # returns in the program's process only
     _main, _source, _path = reset(_spec["argv"])
     del _spec
     try:
         exec(compile(_source, _path, "exec", dont_inherit=True), _main.__dict__)
+        _code = 0
     except SystemExit as _exc:
-        sys.exit(exit_code_of(_exc))
+        _code = exit_code_of(_exc)
     except BaseException as _exc:  # noqa: BLE001 - printed as CPython prints an uncaught exception
         _tb = _exc.__traceback__.tb_next if _exc.__traceback__ is not None else None
         sys.last_type, sys.last_value, sys.last_traceback = type(_exc), _exc, _tb
         sys.excepthook(type(_exc), _exc.with_traceback(_tb), _tb)
         del _exc, _tb
-        sys.exit(1)
+        _code = 1
+    del _main, _source, _path
+    finish(_code)

@@ -107,9 +107,23 @@ EQUIVALENCE = [
     ("print('y' * (1 << 21))", "", Limits()),
     ("open('/work/main.py', 'w')", "", Limits()),
     ("import socket\nsocket.socket()", "", Limits()),
-    ("import os\nos.fork()\nos.fork()\nprint('forked')", "", Limits()),
+    # every process waits for its children: a run ends with its first process (on both paths)
+    ("import os\nos.fork()\nos.fork()\nprint('forked')\ntry:\n    while True:\n        os.wait()\n"
+     "except ChildProcessError:\n    pass", "", Limits()),
     ("import atexit\natexit.register(print, 'at exit')\nprint('body')", "", Limits()),
     ("import threading\nt = threading.Thread(target=lambda: print('thread'))\nt.start()", "", Limits()),
+    # the exit: what the program made is finalized as CPython's exit does (the zygote's own heap is not)
+    ("class A:\n    def __init__(self, n):\n        self.n = n\n    def __del__(self):\n        print('del', self.n)\n"
+     "a, b = A(1), A(2)\n_c = A(3)\nprint('body')", "", Limits()),
+    ("import os\nf = open(1, 'w', closefd=False)\nf.write('written, never flushed')", "", Limits()),
+    ("import sys\nsys.stdout = open(1, 'w', closefd=False, buffering=4096)\nprint('through a new stdout')", "", Limits()),
+    ("import os\nos.close(1)\nprint('lost')", "", Limits()),
+    ("import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\nprint('main')",
+     "", Limits(wall_time_s=5.0)),
+    ("import atexit, sys\natexit.register(print, 'registered first')\natexit.register(print, 'registered second')\n"
+     "sys.exit(3)", "", Limits()),
+    ("import json, collections\nclass D(collections.OrderedDict):\n    def __del__(self):\n"
+     "        print('del', json.dumps(self))\nd = D(a=1)", "", Limits()),
 ]
 
 
