@@ -29,6 +29,10 @@ import _weakref  # noqa: E402
 import resource  # noqa: E402
 
 libc = ctypes.CDLL(None, use_errno=True)
+syscall = ctypes.PyDLL(None, use_errno=True).syscall  # holds the interpreter lock across the call (clone)
+pythonapi = ctypes.pythonapi
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(posix.uname().machine)  # clone(flags, stack, ...): the same
+SIGCHLD = 17
 NEWNS, NEWPID, NEWIPC, NEWNET, NEWCGROUP = 0x20000, 0x20000000, 0x08000000, 0x40000000, 0x02000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 32, 4096, 16384, 1 << 18
 MS_RDONLY = 1
@@ -110,14 +114,46 @@ def status_code(status):
     return posix.WEXITSTATUS(status) if posix.WIFEXITED(status) else 128 + posix.WTERMSIG(status)
 
 
-def child(fds):
-    """C: read the spec (the worker writes it once the run is in its cgroup), new namespaces, then P1; returns the
-    spec in the program's process only."""
-    spec_fd, status_fd, stdio = fds[0], fds[1], fds[2:5]
+def clone_run():
+    """Fork straight into the run's new mount, PID, IPC and network namespaces (``clone``, as ``os.fork`` does it
+    for the interpreter: PyOS_BeforeFork / AfterFork around the system call): the child is pid 1 of the run, no
+    intermediate process. None where the system call's number is not known here (then :func:`child` unshares)."""
+    if SYS_CLONE is None:
+        return None
+    pythonapi.PyOS_BeforeFork()
+    pid = syscall(SYS_CLONE, ctypes.c_ulong(NEWNS | NEWPID | NEWIPC | NEWNET | SIGCHLD), None, None, None, None)
+    err = ctypes.get_errno()
+    if pid == 0:
+        pythonapi.PyOS_AfterFork_Child()
+    else:
+        pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, f"clone: {posix.strerror(err)}")
+    return pid
+
+
+def read_spec(spec_fd, status_fd):
+    """The run's spec, once the worker has put the run in its cgroup (it writes the spec after); the run's
+    cgroup namespace, rooted there."""
     try:
         spec = marshal.loads(read_all(spec_fd))
         posix.close(spec_fd)
-        check(libc.unshare(NEWNS | NEWPID | NEWIPC | NEWNET | NEWCGROUP), "unshare")
+        check(libc.unshare(NEWCGROUP), "unshare")
+        return spec
+    except BaseException as exc:  # noqa: BLE001 - the sandbox's failure, reported on the status pipe
+        posix.write(status_fd, f"setup failed: {exc}".encode()[:1000])
+        posix._exit(SETUP_FAILED)
+
+
+def child(fds, cloned):
+    """The run's first process; returns the spec in the program's process only. Cloned: it is pid 1 already
+    (:func:`init`). Otherwise C: new namespaces (``unshare``), then P1 forked."""
+    spec_fd, status_fd, stdio = fds[0], fds[1], fds[2:5]
+    spec = read_spec(spec_fd, status_fd)
+    if cloned:
+        return init(spec, status_fd, stdio)
+    try:
+        check(libc.unshare(NEWNS | NEWPID | NEWIPC | NEWNET), "unshare")
         pid = posix.fork()
     except BaseException as exc:  # noqa: BLE001 - the sandbox's failure, reported on the status pipe
         posix.write(status_fd, f"setup failed: {exc}".encode()[:1000])
@@ -303,10 +339,13 @@ def serve(control_fd):
                 posix.close(fd)
             sock.sendall(b"E\n")
             continue
-        pid = posix.fork()
+        pid = clone_run()
+        cloned = pid is not None
+        if not cloned:
+            pid = posix.fork()
         if pid == 0:
             sock.close()
-            return fds
+            return fds, cloned
         for fd in fds:
             posix.close(fd)
         sock.sendall(f"P{pid}\n".encode())
@@ -323,7 +362,7 @@ def serve(control_fd):
 if __name__ == "__main__":
     # module level on purpose: the program's <module> frame has this frame alone beneath it
     gc.freeze()  # the zygote's objects out of every collection: a run's collections do not touch their pages
-    _spec = child(serve(int(sys.argv[1])))  # returns in the program's process only
+    _spec = child(*serve(int(sys.argv[1])))  # returns in the program's process only
     _main, _source, _path = reset(_spec["argv"])
     del _spec
     try:

@@ -65,7 +65,7 @@ class Zygote:
         self.identity, self.cgroups, self.rootless, self.bwrap = identity, cgroups, rootless, bwrap
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self.host_pid = 0
+        self.host_pid = self.depth = 0
         self._buffer = b""
         self.starts = 0
         self.runs = 0
@@ -107,6 +107,7 @@ class Zygote:
             self.close()
             raise ZygoteError(f"the warm interpreter did not start: {err or line!r}")
         self.host_pid = _host_pid(descendants(self.proc.pid), int(line[1:]))
+        self.depth = len(_nspids(self.host_pid))  # a run's pid as the zygote sees it: that field of its NSpid
 
     def close(self) -> None:
         if self.proc is not None:
@@ -224,7 +225,7 @@ class Zygote:
         line = self._line(START_TIMEOUT_S)
         if not line.startswith(b"P"):
             raise ZygoteError(f"unexpected answer {line[:80]!r}")
-        pid = _host_pid(children(self.host_pid) or descendants(self.host_pid)[1:], int(line[1:]))
+        pid = _host_pid(children(self.host_pid) or descendants(self.host_pid)[1:], int(line[1:]), self.depth)
         if cg is not None:
             cg.add(pid)
         acct = cg if cg is not None else ProcessTree(pid, memory)
@@ -283,13 +284,22 @@ def _exit_status(raw: RawRun, exit_line: bytes, status: bytes) -> None:
         raw.exit_code = code
 
 
-def _host_pid(candidates, ns_pid: int) -> int:
-    """The host pid of the process that is ``ns_pid`` in its own PID namespace (the last NSpid field)."""
+def _nspids(pid: int) -> list[int]:
+    """The NSpid field of ``pid``: its pid in each PID namespace, from the host's down to its own."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return [int(f) for f in line.split()[1:]]
+    return []
+
+
+def _host_pid(candidates, ns_pid: int, depth: int = 0) -> int:
+    """The host pid of the process whose pid is ``ns_pid`` in the ``depth``-th PID namespace of its NSpid (0: the
+    last, its own)."""
     for pid in candidates:
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("NSpid:") and int(line.split()[-1]) == ns_pid:
-                    return pid
+            pids = _nspids(pid)
+            if len(pids) >= max(depth, 1) and pids[depth - 1 if depth else -1] == ns_pid:
+                return pid
         except (OSError, ValueError):
             continue
     raise ZygoteError(f"no process of the warm interpreter has pid {ns_pid} in its namespace")
