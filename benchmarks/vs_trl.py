@@ -155,7 +155,9 @@ def _child_cmd(args, name: str, model_dir: str, out: Path, overrides: list[str])
     """argv of one round of one side, as a function of the round index (each round its own output folder)."""
     def argv(i: int) -> list[str]:
         run_out = tempfile.mkdtemp(dir=out, prefix=f"{name}-{i}-")  # never shared: credo appends to metrics
-        return [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps), "--prompts",
+        env = [*args.trl_env] if name == "trl" and args.trl_env else []  # `env NAME=VALUE ... python ...`
+        return [*(["env", *env] if env else []), sys.executable, __file__, "--model", args.model, "--steps",
+                str(args.steps), "--prompts",
                 str(args.prompts), "--group", str(args.group), "--max-new-tokens", str(args.max_new_tokens),
                 "--threads", str(args.threads), *(["--chat"] if args.chat else []), "--only", name, "--model-dir",
                 model_dir, "--out", run_out] + (["--credo", *overrides] if overrides else [])
@@ -202,6 +204,9 @@ def main() -> None:
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--credo", nargs="*", default=[], help="extra credo overrides, e.g. train.pack=true")
+    ap.add_argument("--trl-env", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="environment of TRL's processes, e.g. the glibc allocator setting credo makes itself: "
+                    "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647")
     ap.add_argument("--ablation", action="store_true", help="also compare credo with each of its step-time "
                     "features turned off in turn (" + ", ".join(ABLATIONS) + ") against credo with all on")
     import vs_trl_tta  # benchmarks/ (this script's directory) is on sys.path

@@ -367,6 +367,9 @@ class TrainConfig:
     lr_schedule: str = opt("constant", "after warm-up", choices=("constant", "cosine", "linear"))
     min_lr_ratio: float = opt(0.1, "final lr / lr for cosine and linear", min=0.0, max=1.0, read_if="lr_decay")
     threads: int | None = opt(None, "torch CPU threads (null = torch default)", min=1)
+    reuse_host_memory: bool = opt(True, "keep freed host memory in the process for the next step (glibc malloc: "
+                                  "no mmap'd blocks, no heap trimming; credo.train.host_memory): a step no longer "
+                                  "faults its large tensors in afresh; the process keeps its peak heap")
 
 
 @dataclass

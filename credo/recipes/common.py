@@ -25,6 +25,7 @@ from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.tracking.rundir import check_run_dir, clear_run_dir, write_marker
 from credo.tracking.trackers import open_trackers
+from credo.train.host_memory import reuse_freed_memory
 from credo.train.sft import run_sft
 from credo.types import SamplingParams
 
@@ -54,6 +55,14 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path | None, resume: bool, overwrit
     write_marker(run_dir, command)
     dump_config(cfg, run_dir / "config.yaml")
     return run_dir
+
+
+def process_setup(cfg: RunConfig) -> None:
+    """What a run sets for its whole process: the seeds, torch's thread count and, with
+    ``train.reuse_host_memory``, the host allocator's reuse of freed memory (credo.train.host_memory)."""
+    seed_everything(cfg.seed, cfg.train.threads)
+    if cfg.train.reuse_host_memory:
+        reuse_freed_memory()
 
 
 def seed_everything(seed: int, threads: int | None = None) -> None:

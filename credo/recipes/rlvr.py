@@ -38,7 +38,7 @@ from credo.guards.weights import weights_digest
 from credo.models import ValueModel, load_model, load_or_build, num_parameters
 from credo.models.vision import expand_image_prompts
 from credo.recipes.common import (load_data, metrics_logger, prepare_run_dir, reward_runner, rollout_engine, run_eval,
-                                  save_final, seed_everything, warm_start, warm_start_enabled, write_summary)
+                                  save_final, process_setup, warm_start, warm_start_enabled, write_summary)
 from credo.recipes.budget import add_spend, finished
 from credo.recipes.lora_stage import lora_policy
 from credo.recipes.preemption import Preempted, StopSignals
@@ -129,7 +129,7 @@ def _train(cfg: RunConfig, run_dir: Path | None, resume: bool, dp: DataParallel,
     run_dir = rank_run_dir(dp, run_dir if dp.rank == 0 else None)
     if dp.rank > 0:  # rank r's own logs and checkpoints, under rank 0's run directory
         run_dir = prepare_run_dir(cfg, run_dir, resume)
-    seed_everything(cfg.seed, cfg.train.threads)
+    process_setup(cfg)
     data = load_data(cfg, cfg.seed)
     ckpt = resume_checkpoint(run_dir) if resume else None  # the newest intact one (damaged ones are skipped)
     # data parallel: the same step on every rank, and rank 0's weights (rank r > 0 saves none)

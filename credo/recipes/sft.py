@@ -18,7 +18,7 @@ from credo.recipes.common import (
     prepare_run_dir,
     reward_runner,
     run_eval,
-    seed_everything,
+    process_setup,
     warm_start,
     write_summary,
 )
@@ -35,7 +35,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False)
 
         cfg.run_name = f"{cfg.task.name}-sft-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
-    seed_everything(cfg.seed, cfg.train.threads)
+    process_setup(cfg)
     data = load_task_data(cfg.task, seed=cfg.seed)
     model, tokenizer, _ = load_or_build(cfg.model, seed=cfg.seed)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)
@@ -57,7 +57,7 @@ def sft(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = False)
 def evaluate_target(target: Path, config: str | None, overrides: list[str]) -> dict[str, float]:
     """Evaluate a run directory (its config and final model or latest checkpoint), a checkpoint or a model dir."""
     cfg, model_dir = resolve_target(target, config, overrides)
-    seed_everything(cfg.seed, cfg.train.threads)
+    process_setup(cfg)
     data = load_data(cfg, cfg.seed)  # an agent run's are the held-out tasks of its environments
     model, tokenizer = load_model(model_dir, cfg.model)
     data = format_prompts(data, tokenizer, template=cfg.task.prompt_template, chat=cfg.task.chat_template)

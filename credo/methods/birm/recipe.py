@@ -19,7 +19,7 @@ from credo.config import RunConfig
 from credo.data.source import load_task_data
 from credo.models import load_or_build
 from credo.methods.birm.model import BiRewardModel, LogRatioBiRM
-from credo.recipes.common import metrics_logger, prepare_run_dir, seed_everything, warm_start, warm_start_enabled
+from credo.recipes.common import metrics_logger, prepare_run_dir, process_setup, warm_start, warm_start_enabled
 from credo.rewards import RewardRunner
 from credo.rollout import HFRolloutEngine
 from credo.methods.birm.train import label_steps, train_birm
@@ -36,7 +36,7 @@ def birm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool =
     if run_dir is None and cfg.run_name is None:
         cfg.run_name = f"{cfg.task.name}-rm-birm-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
-    seed_everything(cfg.seed, cfg.train.threads)
+    process_setup(cfg)
     data = load_task_data(cfg.task, seed=cfg.seed)
     if data.default_reward is None:
         raise ValueError("rm.method=birm needs a task with a verifier (its step labels are verified continuations)")

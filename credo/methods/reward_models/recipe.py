@@ -21,7 +21,7 @@ from credo.methods.reward_models.pairs import preference_data
 from credo.data.source import load_task_data
 from credo.models import ValueModel, load_or_build
 from credo.models.implicit import ImplicitRewardModel
-from credo.recipes.common import metrics_logger, prepare_run_dir, seed_everything, warm_start, warm_start_enabled
+from credo.recipes.common import metrics_logger, prepare_run_dir, process_setup, warm_start, warm_start_enabled
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.tracking.atomic import atomic_write_text
@@ -43,7 +43,7 @@ def rm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool = F
     if run_dir is None and cfg.run_name is None:
         cfg.run_name = f"{cfg.task.name}-rm-{r.method}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
-    seed_everything(cfg.seed, cfg.train.threads)
+    process_setup(cfg)
     train, held_out, bad = preference_data(cfg)
     policy, tokenizer, fresh = load_or_build(cfg.model, seed=cfg.seed)
     if r.train_file is None and warm_start_enabled(cfg, fresh):  # generated pairs: the backbone first learns the task

@@ -16,7 +16,7 @@ from pathlib import Path
 from credo.config import RunConfig
 from credo.data.source import drop_overlong, format_prompts, load_task_data, model_context
 from credo.models import load_model
-from credo.recipes.common import reward_runner, seed_everything
+from credo.recipes.common import reward_runner, process_setup
 from credo.rollout import HFRolloutEngine
 from credo.tracking.progress import StepProgress
 from credo.methods.rlep.config import ReplayConfig
@@ -68,7 +68,7 @@ def rlep_collect(target: Path, out: Path, config: str | None, overrides: list[st
     from credo.recipes.sft import resolve_target
 
     cfg, model_dir = resolve_target(target, config, overrides)
-    seed_everything(cfg.seed, cfg.train.threads)
+    process_setup(cfg)
     data = load_task_data(cfg.task, seed=cfg.seed)
     if data.default_reward is None:
         raise ValueError("credo rlep collect needs a task with a verifier (agent environments are not supported)")

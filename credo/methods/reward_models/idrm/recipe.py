@@ -26,7 +26,7 @@ from credo.methods.reward_models.idrm.train import train_idrm
 from credo.methods.reward_models.pairs import preference_data
 from credo.methods.reward_models.train import pairwise_accuracy
 from credo.models import ValueModel, load_or_build
-from credo.recipes.common import metrics_logger, prepare_run_dir, seed_everything, warm_start, warm_start_enabled
+from credo.recipes.common import metrics_logger, prepare_run_dir, process_setup, warm_start, warm_start_enabled
 from credo.tracking.metrics import MetricsLogger
 from credo.tracking.progress import StepProgress
 from credo.tracking.atomic import atomic_write_text
@@ -69,7 +69,7 @@ def idrm_train(cfg: RunConfig, *, run_dir: Path | None = None, overwrite: bool =
     if run_dir is None and cfg.run_name is None:
         cfg.run_name = f"{cfg.task.name}-rm-idrm-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = prepare_run_dir(cfg, run_dir, resume=False, overwrite=overwrite)
-    seed_everything(cfg.seed, cfg.train.threads)
+    process_setup(cfg)
     train, held_out, bad = preference_data(cfg)
     policy, tokenizer, fresh = load_or_build(cfg.model, seed=cfg.seed)
     check_char_tokenizer(tokenizer)
