@@ -6,14 +6,16 @@ under the same bubblewrap command line as a cold run, without the seccomp filter
 file is standard library only (the system Python runs it, not credo's).
 
 Per run the zygote receives five descriptors on the control socket FD (spec, status, stdin, stdout, stderr),
-forks, reports the child's pid and waits for it; it never reads a run's data. The child (C) reads the spec
-(``marshal``: argv, files, rlimits, sizes) once the worker has put it in the run's cgroup, then unshares fresh
-mount, PID, IPC, network and cgroup namespaces and forks P1, pid 1 of the run: P1 mounts a private ``/proc``,
-size-limited tmpfs ``/work`` and ``/tmp`` with the program's files bound read-only, drops every capability
-(bounding and ambient sets included), installs the seccomp filter and forks U, pid 2, which takes the run's
-stdio, closes every other descriptor, sets the rlimits, starts a new session, resets the interpreter to what
-``python3 -I -S -B main.py`` has at start (modules, ``__main__``, ``sys.argv``) and runs the program. P1 exits
-with U's status (128 + N for a signal, as bubblewrap reports it), which ends the run's PID namespace.
+clones P1 into fresh mount, PID, IPC and network namespaces, reports its pid and waits for it; it never reads a
+run's data. P1, pid 1 of the run, reads the spec (``marshal``: argv, files, rlimits, sizes) once the worker has
+put it in the run's cgroup, unshares a cgroup namespace rooted there, mounts a private ``/proc``, size-limited
+tmpfs ``/work`` and ``/tmp`` with the program's files bound read-only, drops every capability (bounding and
+ambient sets included), installs the seccomp filter and forks U, pid 2, which takes the run's stdio, closes every
+other descriptor, sets the rlimits, starts a new session, resets the interpreter to what ``python3 -I -S -B
+main.py`` has at start (modules, ``__main__``, ``sys.argv``), runs the program and exits as CPython would for
+what the program made (:func:`finish`). P1 exits with U's status (128 + N for a signal, as bubblewrap reports
+it), which ends the run's PID namespace. (Where ``clone``'s system call number is not known, the zygote forks C,
+which unshares the namespaces and forks P1.)
 """
 import sys
 
@@ -292,8 +294,8 @@ def finish(code):
     atexit callbacks, flush; then, as finalize_modules does, the standard streams restored, ``__main__`` and the
     modules the program imported dropped from ``sys.modules`` in import order, a collection (``__del__`` of what
     they held, unclosed files flushed), what is still alive cleared newest first; a last flush and the exit, 120
-    when the first flush failed. The zygote's own heap (frozen: :func:`gc.freeze`) is left alone: tearing it down would
-    copy each of its pages into this process for nothing (docs/sandbox.md#warm-python-runs)."""
+    when the first flush failed. The zygote's own heap (frozen: :func:`gc.freeze`) is left alone: tearing it down
+    would copy each of its pages into this process for nothing (docs/sandbox.md#warm-python-runs)."""
     if "threading" in sys.modules:
         try:
             sys.modules["threading"]._shutdown()
@@ -319,6 +321,7 @@ def finish(code):
     gc.collect()
     flush_std_files(report=False)
     posix._exit(code if ok else 120)
+
 
 def serve(control_fd):
     """The zygote's loop: one fork per request; returns (in the program's process) the run's spec."""
