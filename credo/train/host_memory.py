@@ -4,8 +4,8 @@ glibc's malloc serves every block above its mmap threshold (128 KiB, rising to a
 ``mmap`` and gives it back with ``munmap`` when the tensor is freed, and trims the top of its heap when more than
 twice that threshold is free. A training step allocates and frees the same large blocks every time (activations,
 a chunk's logits, a weight's gradient), so each step faults every page of them in again: the kernel zeroes each
-4 KiB page on first touch. On SmolLM2-135M's CPU step (a 49,152-token vocabulary) that was about 900,000 page
-faults and 5 of 25 CPU seconds per step (docs/performance.md, "Host memory reuse").
+4 KiB page on first touch. On SmolLM2-135M's CPU step (a 49,152-token vocabulary) that was 0.6 to 1.0 million page
+faults and 3 to 8 s of kernel time per step (docs/performance.md, "Host memory reuse").
 
 :func:`reuse_freed_memory` turns both off for the process (``mallopt``: no mmap'd blocks, no trimming): blocks come
 from the heap and return to it, and the next step reuses them without a fault. The cost: the process keeps its

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -46,4 +47,14 @@ def test_second_step_reuses_the_first_steps_memory():
 
 def test_it_is_on_by_default_and_reports_what_it_did():
     assert load_config(None, []).train.reuse_host_memory is True
-    assert reuse_freed_memory() in (True, False)  # glibc here: True; elsewhere nothing changes
+    assert reuse_freed_memory() is (platform.libc_ver()[0] == "glibc")  # elsewhere nothing changes: False
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_every_recipes_process_setup_applies_the_flag(monkeypatch, flag):
+    import credo.recipes.common as common
+
+    calls = []
+    monkeypatch.setattr(common, "reuse_freed_memory", lambda: calls.append(1) or True)
+    common.process_setup(load_config(None, [f"train.reuse_host_memory={str(flag).lower()}"]))
+    assert calls == ([1] if flag else [])
